@@ -1,0 +1,74 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace st {
+
+int64_t Numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const Shape& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+AlignedBuffer::AlignedBuffer(int64_t count) : count_(count) {
+  if (count <= 0) return;
+  size_t bytes = (static_cast<size_t>(count) * sizeof(float) + 63) / 64 * 64;
+  data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+  ST_CHECK(data_ != nullptr) << "out of memory allocating " << bytes << " bytes";
+  std::memset(data_, 0, bytes);
+}
+
+AlignedBuffer::~AlignedBuffer() {
+  std::free(data_);
+}
+
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
+    : data_(other.data_), count_(other.count_) {
+  other.data_ = nullptr;
+  other.count_ = 0;
+}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = other.data_;
+    count_ = other.count_;
+    other.data_ = nullptr;
+    other.count_ = 0;
+  }
+  return *this;
+}
+
+void AlignedBuffer::Zero() {
+  if (data_) std::memset(data_, 0, static_cast<size_t>(count_) * sizeof(float));
+}
+
+int ArenaLayout::Add(const std::string& name, const Shape& shape) {
+  ST_CHECK(index_.find(name) == index_.end()) << "duplicate arena entry " << name;
+  ArenaEntry e;
+  e.name = name;
+  e.shape = shape;
+  e.numel = Numel(shape);
+  e.offset = total_;
+  total_ += (e.numel + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+  entries_.push_back(e);
+  index_[name] = static_cast<int>(entries_.size()) - 1;
+  return static_cast<int>(entries_.size()) - 1;
+}
+
+int ArenaLayout::Find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
+}  // namespace st

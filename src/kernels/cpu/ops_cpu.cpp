@@ -1,0 +1,419 @@
+#include "kernels/cpu/ops_cpu.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/cpu/fastmath.h"
+#include "kernels/gelu.h"
+
+namespace st::cpu {
+
+void SetNumThreads(int n) {
+  n = std::max(1, n);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int NumThreads() {
+  return omp_get_max_threads();
+}
+
+namespace {
+
+// Elementwise loops below this many elements run on one thread (team start-up costs ~1-2 us).
+constexpr int64_t kParallelMin = 1 << 14;
+
+inline float FastGelu(float z) {
+  return 0.5f * z * (1.0f + FastTanh(kGeluBeta * (z + kGeluKappa * z * z * z)));
+}
+
+// Per-thread scratch that grows to the largest request and is then reused: the first step
+// allocates, later steps do not.
+float* Scratch(int64_t count) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(static_cast<size_t>(count));
+  return buffer.data();
+}
+
+}  // namespace
+
+void LinearForward(const float* x, const float* w, float* y, int64_t N, int64_t in, int64_t out,
+                   float alpha, bool accumulate) {
+  if (N == 0 || out == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, alpha, x, in, w, in,
+              accumulate ? 1.0f : 0.0f, y, out);
+}
+
+void LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                    int64_t N, int64_t in, int64_t out, float alpha, bool accumulate_dx) {
+  if (N == 0) return;
+  if (dx)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, alpha, dy, out, w, in,
+                accumulate_dx ? 1.0f : 0.0f, dx, in);
+  if (dw)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, alpha, dy, out, x, in, 1.0f,
+                dw, in);
+}
+
+void EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C,
+                      float scale) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* src = table + int64_t(ids[n]) * C;
+    float* dst = out + n * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) dst[c] = src[c] * scale;
+  }
+}
+
+void EmbeddingBackward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t C,
+                       float scale, int32_t padding_id) {
+  // Threads own disjoint column ranges, so repeated ids never race.
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
+    for (int64_t n = 0; n < N; ++n) {
+      if (ids[n] == padding_id) continue;
+      float* dst = dtable + int64_t(ids[n]) * C;
+      const float* src = dout + n * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) dst[c] += scale * src[c];
+    }
+  }
+}
+
+void RmsNormForward(const float* x, const float* w, float* y, float* rstd, int64_t N, int64_t C,
+                    float eps) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x + n * C;
+    float* yr = y + n * C;
+    float ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    rstd[n] = r;
+    if (w) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r * w[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r;
+    }
+  }
+}
+
+void RmsNormBackward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                     float* dw, int64_t N, int64_t C, bool accumulate_dx) {
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = x + n * C;
+      const float* gr = dy + n * C;
+      float* dxr = dx + n * C;
+      const float r = rstd[n];
+      float dot = 0;
+      if (w) {
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < C; ++c) dot += gr[c] * w[c] * xr[c];
+      } else {
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < C; ++c) dot += gr[c] * xr[c];
+      }
+      const float k = dot * r * r / static_cast<float>(C);  // mean(g * xhat) / rstd... folded
+      if (w) {
+        if (accumulate_dx) {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) dxr[c] += r * (gr[c] * w[c] - xr[c] * k);
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) dxr[c] = r * (gr[c] * w[c] - xr[c] * k);
+        }
+      } else {
+        if (accumulate_dx) {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) dxr[c] += r * (gr[c] - xr[c] * k);
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) dxr[c] = r * (gr[c] - xr[c] * k);
+        }
+      }
+    }
+    if (dw) {
+      // Column ranges per thread: dw[c] += sum_n dy[n,c] * x[n,c] * rstd[n], no reduction races.
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* xr = x + n * C;
+        const float* gr = dy + n * C;
+        const float r = rstd[n];
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) dw[c] += gr[c] * xr[c] * r;
+      }
+    }
+  }
+}
+
+void Rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
+          int64_t D, bool inverse) {
+  const int64_t half = D / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for collapse(2) schedule(static) if (B * T * heads * D > kParallelMin)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* cr = cos + t * half;
+      const float* sr = sin + t * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = x + ((b * T + t) * heads + h) * D;
+#pragma omp simd
+        for (int64_t j = 0; j < half; ++j) {
+          const float c = cr[j], s = sign * sr[j];
+          const float x1 = p[j], x2 = p[j + half];
+          p[j] = x1 * c - x2 * s;
+          p[j + half] = x2 * c + x1 * s;
+        }
+      }
+    }
+}
+
+namespace {
+
+constexpr int64_t kQueryBlock = 64;
+
+// The key range [lo, hi) that covers every visible key of query rows [q0, q1); a row with no
+// visible key widens it to all T keys (it attends uniformly, see AttnMask).
+struct KeyRange {
+  int64_t lo, hi;
+};
+
+bool RowHasVisibleKey(const AttnMask& m, int64_t b, int64_t T, int64_t q) {
+  const int64_t lo = m.window > 0 ? std::max<int64_t>(0, q - m.window + 1) : 0;
+  if (m.pad == nullptr) return true;
+  for (int64_t k = lo; k <= q; ++k)
+    if (m.pad[b * T + k]) return true;
+  return false;
+}
+
+KeyRange BlockKeyRange(const AttnMask& m, int64_t b, int64_t T, int64_t q0, int64_t q1,
+                       bool* any_empty) {
+  *any_empty = false;
+  for (int64_t q = q0; q < q1; ++q)
+    if (!RowHasVisibleKey(m, b, T, q)) *any_empty = true;
+  if (*any_empty) return {0, T};
+  const int64_t lo = m.window > 0 ? std::max<int64_t>(0, q0 - m.window + 1) : 0;
+  return {lo, q1};
+}
+
+// Softmax of row i over its visible keys inside [lo, hi); other entries of [lo, hi) become 0.
+// A row without visible keys gets 1/T on all T keys.
+void SoftmaxRow(float* row, const AttnMask& m, int64_t b, int64_t T, int64_t i, KeyRange r) {
+  const int64_t vis_lo = std::max(r.lo, m.window > 0 ? i - m.window + 1 : int64_t{0});
+  const int64_t vis_hi = std::min(r.hi, i + 1);
+  const uint8_t* pad = m.pad ? m.pad + b * T : nullptr;
+  float mx = -INFINITY;
+  bool any = false;
+  for (int64_t j = vis_lo; j < vis_hi; ++j)
+    if (!pad || pad[j]) {
+      mx = std::max(mx, row[j]);
+      any = true;
+    }
+  if (!any) {
+    for (int64_t j = 0; j < T; ++j) row[j] = 1.0f / static_cast<float>(T);
+    return;
+  }
+  for (int64_t j = r.lo; j < vis_lo; ++j) row[j] = 0;
+  for (int64_t j = vis_hi; j < r.hi; ++j) row[j] = 0;
+  float sum = 0;
+  if (pad) {
+    for (int64_t j = vis_lo; j < vis_hi; ++j) {
+      const float e = pad[j] ? FastExp(row[j] - mx) : 0.0f;
+      row[j] = e;
+      sum += e;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = vis_lo; j < vis_hi; ++j) {
+      const float e = FastExp(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = vis_lo; j < vis_hi; ++j) row[j] *= inv;
+}
+
+}  // namespace
+
+void AttentionForward(const float* q, const float* k, const float* v, float* out, float* probs,
+                      int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                      const AttnMask& mask) {
+  const int64_t group = H / Hkv;
+  const int64_t ldq = H * D, ldk = Hkv * D;
+  // One (batch, head) per task; BLAS calls inside a parallel region run single-threaded.
+#pragma omp parallel for schedule(dynamic, 1) if (B * H >= omp_get_max_threads() && B * H > 1)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H, g = h / group;
+    const float* qb = q + b * T * ldq + h * D;
+    const float* kb = k + b * T * ldk + g * D;
+    const float* vb = v + b * T * ldk + g * D;
+    float* ob = out + b * T * ldq + h * D;
+    float* pb = probs + bh * T * T;
+    for (int64_t q0 = 0; q0 < T; q0 += kQueryBlock) {
+      const int64_t q1 = std::min(T, q0 + kQueryBlock), rows = q1 - q0;
+      bool any_empty;
+      const KeyRange r = BlockKeyRange(mask, b, T, q0, q1, &any_empty);
+      const int64_t cols = r.hi - r.lo;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, 1.0f, qb + q0 * ldq, ldq,
+                  kb + r.lo * ldk, ldk, 0.0f, pb + q0 * T + r.lo, T);
+      for (int64_t i = q0; i < q1; ++i) SoftmaxRow(pb + i * T, mask, b, T, i, r);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f,
+                  pb + q0 * T + r.lo, T, vb + r.lo * ldk, ldk, 0.0f, ob + q0 * ldq, ldq);
+    }
+  }
+}
+
+void AttentionBackward(const float* q, const float* k, const float* v, const float* probs,
+                       const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T,
+                       int64_t H, int64_t Hkv, int64_t D, const AttnMask& mask) {
+  const int64_t group = H / Hkv;
+  const int64_t ldq = H * D, ldk = Hkv * D;
+  // One (batch, kv head) per task: the query heads of a group all add into the same dk/dv.
+#pragma omp parallel for schedule(dynamic, 1) if (B * Hkv >= omp_get_max_threads() && B * Hkv > 1)
+  for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+    const int64_t b = bg / Hkv, g = bg % Hkv;
+    const float* kb = k + b * T * ldk + g * D;
+    const float* vb = v + b * T * ldk + g * D;
+    float* dkb = dk + b * T * ldk + g * D;
+    float* dvb = dv + b * T * ldk + g * D;
+    float* ds = Scratch(kQueryBlock * T);
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float* qb = q + b * T * ldq + h * D;
+      const float* gob = dout + b * T * ldq + h * D;
+      float* dqb = dq + b * T * ldq + h * D;
+      const float* pb = probs + (b * H + h) * T * T;
+      for (int64_t q0 = 0; q0 < T; q0 += kQueryBlock) {
+        const int64_t q1 = std::min(T, q0 + kQueryBlock), rows = q1 - q0;
+        bool any_empty;
+        const KeyRange r = BlockKeyRange(mask, b, T, q0, q1, &any_empty);
+        const int64_t cols = r.hi - r.lo;
+        // dP = dO V^T over the block's key range.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, 1.0f, gob + q0 * ldq,
+                    ldq, vb + r.lo * ldk, ldk, 0.0f, ds, cols);
+        // dS = P * (dP - rowsum(P * dP))
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* p = pb + (q0 + i) * T + r.lo;
+          float* d = ds + i * cols;
+          float dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t j = 0; j < cols; ++j) dot += p[j] * d[j];
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) d[j] = p[j] * (d[j] - dot);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, ds, cols,
+                    kb + r.lo * ldk, ldk, 0.0f, dqb + q0 * ldq, ldq);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, ds, cols,
+                    qb + q0 * ldq, ldq, 1.0f, dkb + r.lo * ldk, ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f,
+                    pb + q0 * T + r.lo, T, gob + q0 * ldq, ldq, 1.0f, dvb + r.lo * ldk, ldk);
+      }
+    }
+  }
+}
+
+void GeluMulForward(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = FastGelu(a[i]) * b[i];
+}
+
+void GeluMulBackward(const float* a, const float* b, const float* dout, float* da, float* db,
+                     int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float z = a[i];
+    const float t = FastTanh(kGeluBeta * (z + kGeluKappa * z * z * z));
+    const float gelu = 0.5f * z * (1.0f + t);
+    const float grad = 0.5f * (1.0f + t) +
+                       0.5f * z * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * z * z);
+    const float go = dout[i];
+    da[i] = go * b[i] * grad;
+    if (db) db[i] = go * gelu;
+  }
+}
+
+void SoftcapForward(float* z, int64_t n, float cap) {
+  if (cap <= 0) return;
+  const float inv = 1.0f / cap;
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) z[i] = FastTanh(z[i] * inv) * cap;
+}
+
+double CrossEntropyForward(const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t* valid) {
+  double total = 0;
+  int64_t count = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total, count) if (N * V > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == -100) continue;
+    const float* z = logits + n * V;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, z[j]);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += FastExp(z[j] - mx);
+    total += std::log(double(sum)) + mx - z[targets[n]];
+    ++count;
+  }
+  *valid = count;
+  return total;
+}
+
+void CrossEntropySoftcapBackward(float* logits, const int32_t* targets, int64_t N, int64_t V,
+                                 float cap, float scale) {
+  const float inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
+#pragma omp parallel for schedule(static) if (N * V > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    float* z = logits + n * V;
+    const int32_t target = targets[n];
+    if (target == -100) {
+      std::memset(z, 0, static_cast<size_t>(V) * sizeof(float));
+      continue;
+    }
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, z[j]);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += FastExp(z[j] - mx);
+    const float inv_sum = scale / sum;
+    const float zt = z[target];
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) {
+      const float t = z[j] * inv_cap;
+      z[j] = FastExp(z[j] - mx) * inv_sum * (1.0f - t * t);
+    }
+    const float tt = zt * inv_cap;
+    z[target] -= scale * (1.0f - tt * tt);
+  }
+}
+
+void Add(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void Scale(float* y, float s, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+}  // namespace st::cpu

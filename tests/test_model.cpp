@@ -1,0 +1,332 @@
+// The model as a whole: fast vs reference engine, finite differences through the full decoder
+// (every parameter tensor), configs, presets and the save/load round trip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "io/hf_model.h"
+#include "model/config.h"
+#include "model/gemma4.h"
+#include "test_util.h"
+
+namespace st {
+namespace {
+
+using test::RandomVec;
+using test::RelError;
+
+// A micro config exercising every feature: both layer types, GQA, PLE, KV sharing of both types,
+// double-wide MLP, proportional RoPE, softcap, a window shorter than the sequence.
+Gemma4Config MicroConfig() {
+  Gemma4Config c;
+  c.vocab_size = c.vocab_size_per_layer_input = 50;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 5;
+  c.layer_types = {LayerType::kSliding, LayerType::kFull, LayerType::kSliding, LayerType::kSliding,
+                   LayerType::kFull};
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.global_head_dim = 16;
+  c.hidden_size_per_layer_input = 4;
+  c.num_kv_shared_layers = 3;
+  c.use_double_wide_mlp = true;
+  c.sliding_window = 3;
+  c.final_logit_softcapping = 30.0;
+  c.initializer_range = 0.3;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate().ToString();
+  return c;
+}
+
+struct MicroBatch {
+  std::vector<int32_t> ids, labels;
+  std::vector<uint8_t> mask;
+  Batch Get(int64_t B, int64_t T) const { return {ids.data(), mask.data(), labels.data(), B, T}; }
+};
+
+MicroBatch MakeBatch(const Gemma4Config& c, int64_t B, int64_t T, uint64_t seed) {
+  MicroBatch mb;
+  Rng rng(seed);
+  mb.ids.resize(B * T);
+  mb.mask.assign(B * T, 1);
+  for (auto& id : mb.ids) id = 1 + static_cast<int32_t>(rng.Below(c.vocab_size - 1));
+  // Row 1 right-padded by 2, row 2 (if any) left-padded by 2.
+  for (int64_t t = T - 2; t < T && B > 1; ++t) mb.mask[1 * T + t] = 0;
+  for (int64_t t = 0; t < 2 && B > 2; ++t) mb.mask[2 * T + t] = 0;
+  mb.labels = mb.ids;
+  for (int64_t i = 0; i < B * T; ++i)
+    if (!mb.mask[i]) {
+      mb.ids[i] = 0;
+      mb.labels[i] = -100;
+    }
+  return mb;
+}
+
+std::vector<float> InitedParams(const Gemma4Config& c, const ParamRegistry& reg, uint64_t seed) {
+  std::vector<float> p(reg.layout.total());
+  InitParams(c, reg, p.data(), seed);
+  // Non-trivial norms and scalars so that their gradients are exercised.
+  Rng rng(seed + 1);
+  for (int i = 0; i < reg.layout.size(); ++i)
+    if (reg.is_norm[i] || reg.is_buffer[i]) {
+      const ArenaEntry& e = reg.layout.entry(i);
+      for (int64_t j = 0; j < e.numel; ++j) p[e.offset + j] = 1.0f + 0.3f * float(rng.Normal());
+    }
+  return p;
+}
+
+TEST(Engine, FastMatchesReference) {
+  const Gemma4Config c = MicroConfig();
+  const int64_t B = 3, T = 11;
+  Gemma4Engine fast(c, B, T, Backend::kCpu), ref(c, B, T, Backend::kRef);
+  auto params = InitedParams(c, fast.registry(), 1);
+  MicroBatch mb = MakeBatch(c, B, T, 2);
+  const Batch batch = mb.Get(B, T);
+  ForwardResult rf = fast.Forward(params.data(), batch);
+  ForwardResult rr = ref.Forward(params.data(), batch);
+  EXPECT_EQ(rf.num_valid, rr.num_valid);
+  EXPECT_NEAR(rf.Loss(), rr.Loss(), 1e-5 * rr.Loss());
+  EXPECT_LT(RelError(fast.logits(), ref.logits(), B * T * c.vocab_size), 1e-5);
+  std::vector<float> gf(params.size(), 0.f), gr(params.size(), 0.f);
+  fast.Backward(params.data(), gf.data(), batch, 1.0f / rf.num_valid);
+  ref.Backward(params.data(), gr.data(), batch, 1.0f / rr.num_valid);
+  const ParamRegistry& reg = fast.registry();
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    const ArenaEntry& e = reg.layout.entry(i);
+    EXPECT_LT(RelError(gf.data() + e.offset, gr.data() + e.offset, e.numel), 1e-4) << e.name;
+  }
+}
+
+TEST(Engine, SmallerBatchThanPlanned) {
+  const Gemma4Config c = MicroConfig();
+  Gemma4Engine big(c, 4, 16), exact(c, 2, 7);
+  auto params = InitedParams(c, big.registry(), 3);
+  MicroBatch mb = MakeBatch(c, 2, 7, 4);
+  ForwardResult a = big.Forward(params.data(), mb.Get(2, 7));
+  ForwardResult b = exact.Forward(params.data(), mb.Get(2, 7));
+  EXPECT_DOUBLE_EQ(a.loss_sum, b.loss_sum);
+}
+
+// Finite differences through the whole model, one random direction per parameter tensor.
+TEST(Engine, FiniteDifferencePerTensor) {
+  const Gemma4Config c = MicroConfig();
+  const int64_t B = 3, T = 7;
+  Gemma4Config c1 = c;
+  c1.initializer_range = 0.1;  // a gentler model: finite differences need a smooth loss
+  Gemma4Engine eng(c1, B, T, Backend::kRef);
+  const ParamRegistry& reg = eng.registry();
+  auto params = InitedParams(c1, reg, 5);
+  // Scale 1.0 attention on unit-RMS q and k gives scores of size ~D: a near-argmax softmax, too
+  // curved for finite differences. Small q_norm/k_norm weights (as trained Gemma 4 has) smooth it.
+  for (const LayerParams& lp : reg.layers)
+    for (int idx : {lp.q_norm, lp.k_norm}) {
+      if (idx < 0) continue;
+      const ArenaEntry& e = reg.layout.entry(idx);
+      for (int64_t j = 0; j < e.numel; ++j) params[e.offset + j] *= 0.3f;
+    }
+  // Padding positions carry id 0, whose embedding rows are zero: the RMSNorm of a zero vector
+  // (rstd = 1/sqrt(eps) = 1000) is far too curved for finite differences. Give row 0 values.
+  for (int idx : {reg.embed_tokens, reg.embed_tokens_per_layer}) {
+    const ArenaEntry& e = reg.layout.entry(idx);
+    auto row = RandomVec(e.shape[1], 99, 0.1f);
+    for (int64_t j = 0; j < e.shape[1]; ++j) params[e.offset + j] = row[j];
+  }
+  MicroBatch mb = MakeBatch(c, B, T, 6);
+  // Right padding only (row 2 would be left-padded: its empty rows follow autograd, not calculus).
+  for (int64_t t = 0; t < 2; ++t) {
+    mb.mask[2 * T + t] = 1;
+    mb.ids[2 * T + t] = 5;
+    mb.labels[2 * T + t] = 5;
+  }
+  const Batch batch = mb.Get(B, T);
+  ForwardResult r = eng.Forward(params.data(), batch);
+  std::vector<float> grad(params.size(), 0.f);
+  eng.Backward(params.data(), grad.data(), batch, 1.0f / r.num_valid);
+  auto loss_at = [&](const std::vector<float>& p) { return eng.Forward(p.data(), batch).Loss(); };
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (reg.is_buffer[i]) continue;
+    const ArenaEntry& e = reg.layout.entry(i);
+    auto u = RandomVec(e.numel, 100 + i);
+    // The model is sharply curved in places (v_norm has no weight, so a small V row is rescaled
+    // hard): a small step, with float rounding (~1e-6 on the loss) as the error floor.
+    const double eps = 1e-4;
+    auto pp = params, pm = params;
+    double analytic = 0;
+    for (int64_t j = 0; j < e.numel; ++j) {
+      pp[e.offset + j] += static_cast<float>(eps) * u[j];
+      pm[e.offset + j] -= static_cast<float>(eps) * u[j];
+      analytic += double(grad[e.offset + j]) * u[j];
+    }
+    const double numeric = (loss_at(pp) - loss_at(pm)) / (2 * eps);
+    EXPECT_NEAR(numeric, analytic, 1e-2 * std::fabs(analytic) + 2e-3) << e.name;
+  }
+}
+
+TEST(Engine, FrozenParametersGetNoGradient) {
+  const Gemma4Config c = MicroConfig();
+  Gemma4Engine eng(c, 2, 5);
+  const ParamRegistry& reg = eng.registry();
+  auto params = InitedParams(c, reg, 7);
+  MicroBatch mb = MakeBatch(c, 2, 5, 8);
+  ForwardResult r = eng.Forward(params.data(), mb.Get(2, 5));
+  std::vector<bool> trainable(reg.layout.size(), true);
+  trainable[reg.embed_tokens_per_layer] = false;
+  for (int i = 0; i < reg.layout.size(); ++i)
+    if (reg.is_buffer[i]) trainable[i] = false;
+  std::vector<float> grad(params.size(), 0.f);
+  eng.Backward(params.data(), grad.data(), mb.Get(2, 5), 1.0f / r.num_valid, &trainable);
+  const ArenaEntry& e = reg.layout.entry(reg.embed_tokens_per_layer);
+  for (int64_t j = 0; j < e.numel; ++j) ASSERT_EQ(grad[e.offset + j], 0.0f);
+  const ArenaEntry& q = reg.layout.entry(reg.layers[0].q_proj);
+  double norm = 0;
+  for (int64_t j = 0; j < q.numel; ++j) norm += std::fabs(grad[q.offset + j]);
+  EXPECT_GT(norm, 0.0);
+}
+
+TEST(Config, PresetsAreValidAndSized) {
+  for (const auto& name : PresetNames()) {
+    auto c = PresetConfig(name);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+  }
+  auto tiny = PresetConfig("gemma4-tiny").value();
+  auto small = PresetConfig("gemma4-small").value();
+  auto e2b = PresetConfig("gemma4-e2b").value();
+  auto count = [](const Gemma4Config& c) { return BuildParamRegistry(c).layout.total(); };
+  EXPECT_GT(count(tiny), 2'000'000);
+  EXPECT_LT(count(tiny), 8'000'000);
+  EXPECT_GT(count(small), 30'000'000);
+  EXPECT_LT(count(small), 60'000'000);
+  // E2B: 4.629 B text parameters (reference/gemma4.md section 2.1).
+  EXPECT_NEAR(static_cast<double>(count(e2b)), 4.629e9, 0.01e9);
+  EXPECT_EQ(e2b.KvSourceLayer(15), 13);
+  EXPECT_EQ(e2b.KvSourceLayer(19), 14);
+  EXPECT_EQ(e2b.KvSourceLayer(34), 14);
+  EXPECT_EQ(e2b.MlpWidth(14), 6144);
+  EXPECT_EQ(e2b.MlpWidth(15), 12288);
+  EXPECT_EQ(e2b.HeadDim(4), 512);
+  EXPECT_FALSE(PresetConfig("gemma4-huge").ok());
+}
+
+TEST(Config, ParsesWrapperTextAndPerLayerConfig) {
+  const std::string text = R"({"model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 8,
+    "intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 4, "global_head_dim": 8, "hidden_size_per_layer_input": 2,
+    "vocab_size_per_layer_input": 64, "num_kv_shared_layers": 1, "use_double_wide_mlp": true,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "final_logit_softcapping": 30.0, "sliding_window": 4})";
+  auto c = ParseGemma4Config(text);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->layer_types[2], LayerType::kFull) << "the last layer is forced to full attention";
+  EXPECT_EQ(c->HeadDim(1), 8);
+  EXPECT_EQ(c->MlpWidth(2), 32);
+  const std::string wrapped = R"({"model_type": "gemma4", "tie_word_embeddings": true,
+    "text_config": {"model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 8,
+    "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 4, "hidden_size_per_layer_input": 0,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "per_layer_config": {"1": {"head_dim": 8}}}})";
+  auto w = ParseGemma4Config(wrapped);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->model_type, "gemma4");
+  EXPECT_EQ(w->HeadDim(0), 4);
+  EXPECT_EQ(w->HeadDim(1), 8);
+  EXPECT_EQ(TextPrefixFor(*w), "model.language_model.");
+}
+
+TEST(Config, RejectsBadConfigsWithAClearMessage) {
+  struct Case {
+    const char* json;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"not json", "not valid JSON"},
+      {"[1, 2]", "not a JSON object"},
+      {R"({"model_type": "llama"})", "not a Gemma 4 model"},
+      {R"({"model_type": "gemma4"})", "text_config"},
+      {R"({"model_type": "gemma4_text", "hidden_size": "big"})", "hidden_size"},
+      {R"({"model_type": "gemma4_text", "hidden_size": -5})", "hidden_size"},
+      {R"({"model_type": "gemma4_text", "num_hidden_layers": 0})", "num_hidden_layers"},
+      {R"({"model_type": "gemma4_text", "num_attention_heads": 3})", "multiple"},
+      {R"({"model_type": "gemma4_text", "num_kv_shared_layers": 30})", "num_kv_shared_layers"},
+      {R"({"model_type": "gemma4_text", "hidden_activation": "relu"})", "relu"},
+      {R"({"model_type": "gemma4_text", "layer_types": ["moe"]})", "layer type"},
+      {R"({"model_type": "gemma4_text", "rms_norm_eps": 0})", "rms_norm_eps"},
+  };
+  for (const Case& k : cases) {
+    auto c = ParseGemma4Config(k.json);
+    EXPECT_FALSE(c.ok()) << k.json;
+    if (!c.ok()) {
+      EXPECT_NE(c.status().message().find(k.needle), std::string::npos)
+          << k.json << " -> " << c.status().message();
+    }
+  }
+}
+
+TEST(HfModel, SaveLoadRoundTripBothPrefixes) {
+  char tmpl[] = "/tmp/st_hfmodel_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  for (const char* type : {"gemma4_text", "gemma4"}) {
+    Gemma4Config c = MicroConfig();
+    c.model_type = type;
+    const ParamRegistry reg = BuildParamRegistry(c);
+    auto params = InitedParams(c, reg, 9);
+    const std::string out = dir + "/" + type;
+    ASSERT_TRUE(SaveHfModel(out, c, reg, params.data(), DType::kF32).ok());
+    auto cfg2 = LoadGemma4Config(out + "/config.json");
+    ASSERT_TRUE(cfg2.ok()) << cfg2.status().ToString();
+    const ParamRegistry reg2 = BuildParamRegistry(*cfg2);
+    ASSERT_EQ(reg2.layout.total(), reg.layout.total());
+    std::vector<float> loaded(params.size(), -1.f);
+    auto files = ModelWeightFiles(out);
+    ASSERT_TRUE(files.ok());
+    auto rep = LoadParams(*files, *cfg2, reg2, loaded.data());
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_EQ(rep->prefix, TextPrefixFor(c));
+    for (int i = 0; i < reg.layout.size(); ++i) {
+      const ArenaEntry& e = reg.layout.entry(i);
+      for (int64_t j = 0; j < e.numel; ++j) ASSERT_EQ(loaded[e.offset + j], params[e.offset + j]);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HfModel, MissingTensorAndWrongShapeAreErrors) {
+  char tmpl[] = "/tmp/st_hfmodel_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  Gemma4Config c = MicroConfig();
+  const ParamRegistry reg = BuildParamRegistry(c);
+  auto params = InitedParams(c, reg, 10);
+  ASSERT_TRUE(SaveHfModel(dir, c, reg, params.data(), DType::kBF16).ok());
+  // A config with a wider MLP no longer matches the weights.
+  Gemma4Config wider = c;
+  wider.intermediate_size = 32;
+  const ParamRegistry reg_w = BuildParamRegistry(wider);
+  std::vector<float> buf(reg_w.layout.total());
+  auto r = LoadParams({dir + "/model.safetensors"}, wider, reg_w, buf.data());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("mlp.gate_proj"), std::string::npos) << r.status().message();
+  // More layers than the file has (no PLE, whose table width would change first).
+  c.hidden_size_per_layer_input = 0;
+  const ParamRegistry reg_nople = BuildParamRegistry(c);
+  auto params_nople = InitedParams(c, reg_nople, 11);
+  ASSERT_TRUE(SaveHfModel(dir, c, reg_nople, params_nople.data(), DType::kF32).ok());
+  Gemma4Config deeper = c;
+  deeper.num_hidden_layers = 6;
+  deeper.layer_types.insert(deeper.layer_types.end() - 1, LayerType::kSliding);
+  ASSERT_TRUE(deeper.Validate().ok());
+  const ParamRegistry reg_d = BuildParamRegistry(deeper);
+  std::vector<float> buf2(reg_d.layout.total());
+  auto r2 = LoadParams({dir + "/model.safetensors"}, deeper, reg_d, buf2.data());
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("is missing from the checkpoint"), std::string::npos)
+      << r2.status().message();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace st
