@@ -1,3 +1,29 @@
-int main() {
-  return 0;
+// slicetrain: distributed fine-tuning of Gemma 4 models on multi-host slices, in C++.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace st::cli {
+
+int ReportError(const std::string& command, const Status& status) {
+  std::fprintf(stderr, "slicetrain %s: error: %s\n", command.c_str(), status.message().c_str());
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace st::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"slicetrain: fine-tune Gemma 4 models over a slice of devices (CPU workers here)",
+               "slicetrain"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "slicetrain 0.1.0");
+  st::cli::Context ctx;
+  st::cli::RegisterInfoCommand(app, ctx);
+  st::cli::RegisterStepCommand(app, ctx);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return ctx.exit_code;
 }

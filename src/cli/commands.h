@@ -1,0 +1,23 @@
+// Every subcommand lives in its own file (src/cli/<name>.cpp) and registers itself with the
+// top-level CLI11 app here. A command's callback stores its exit code in the context; errors are
+// printed as one line "slicetrain <command>: error: <what and what to do>" (docs/errors.md).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "core/status.h"
+
+namespace st::cli {
+
+struct Context {
+  int exit_code = 0;
+};
+
+// Prints a failed Status as the one-line error of `command` and returns the exit code to use.
+int ReportError(const std::string& command, const Status& status);
+
+void RegisterInfoCommand(CLI::App& app, Context& ctx);
+void RegisterStepCommand(CLI::App& app, Context& ctx);
+
+}  // namespace st::cli

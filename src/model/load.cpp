@@ -1,0 +1,36 @@
+#include "model/load.h"
+
+#include <filesystem>
+
+#include "io/hf_model.h"
+
+namespace st {
+
+StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
+  LoadedModel m;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model_id, ec)) {
+    ST_ASSIGN_OR_RETURN(m.config, LoadGemma4Config(model_id + "/config.json"));
+    m.registry = BuildParamRegistry(m.config);
+    m.params = AlignedBuffer(m.registry.layout.total());
+    ST_ASSIGN_OR_RETURN(std::vector<std::string> files, ModelWeightFiles(model_id));
+    ST_ASSIGN_OR_RETURN(LoadReport report,
+                        LoadParams(files, m.config, m.registry, m.params.data()));
+    m.source = model_id;
+    return m;
+  }
+  StatusOr<Gemma4Config> preset = PresetConfig(model_id);
+  if (!preset.ok()) {
+    return NotFound("--model-id '" + model_id +
+                    "' is neither a local model directory nor a preset; " +
+                    preset.status().message());
+  }
+  m.config = std::move(preset).value();
+  m.registry = BuildParamRegistry(m.config);
+  m.params = AlignedBuffer(m.registry.layout.total());
+  InitParams(m.config, m.registry, m.params.data(), seed);
+  m.source = "preset " + model_id + " (seed " + std::to_string(seed) + ")";
+  return m;
+}
+
+}  // namespace st

@@ -1,0 +1,24 @@
+// Resolves --model-id into a config and initial parameters: a built-in preset (seeded random
+// initialisation, as transformers would build the model from its config) or a local Hugging Face
+// model directory (config.json + safetensors). Hub ids are resolved by the data layer's hub client.
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace st {
+
+struct LoadedModel {
+  Gemma4Config config;
+  ParamRegistry registry;
+  AlignedBuffer params;
+  std::string source;  // "preset gemma4-tiny (seed 42)" or the directory
+};
+
+StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed);
+
+}  // namespace st
