@@ -81,6 +81,8 @@ Gemma4Engine::Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t m
   PlanActivations();
   BuildRopeTables();
   targets_.assign(max_B_ * max_T_, -100);
+  default_trainable_.resize(reg_.layout.size());
+  for (int i = 0; i < reg_.layout.size(); ++i) default_trainable_[i] = !reg_.is_buffer[i];
 }
 
 void Gemma4Engine::BuildRopeTables() {
@@ -305,12 +307,7 @@ void Gemma4Engine::Backward(const float* params, float* grads, const Batch& b, f
   const Ops& ops = OpsFor(backend_);
   const int64_t N = b.B * b.T, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input, V = cfg_.vocab_size;
-  std::vector<bool> default_trainable;
-  if (!trainable_in) {
-    default_trainable.resize(reg_.layout.size());
-    for (int i = 0; i < reg_.layout.size(); ++i) default_trainable[i] = !reg_.is_buffer[i];
-  }
-  const std::vector<bool>& trainable = trainable_in ? *trainable_in : default_trainable;
+  const std::vector<bool>& trainable = trainable_in ? *trainable_in : default_trainable_;
   auto W = [&](int idx) { return params + reg_.layout.entry(idx).offset; };
   auto G = [&](int idx) -> float* {
     return idx >= 0 && trainable[idx] ? grads + reg_.layout.entry(idx).offset : nullptr;

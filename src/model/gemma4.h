@@ -89,7 +89,8 @@ class Gemma4Engine {
   std::vector<int> g_dk_, g_dv_;  // per layer: index of the K/V gradient accumulator it adds to
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
-  std::vector<int32_t> targets_;  // [N] labels shifted left by one, -100 at each row's end
+  std::vector<int32_t> targets_;         // [N] labels shifted left by one, -100 at each row's end
+  std::vector<bool> default_trainable_;  // every entry but the buffers
 };
 
 // The FLOPs of one forward+backward over `batch` tokens: 6 x matmul params x tokens plus the

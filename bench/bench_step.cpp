@@ -1,0 +1,85 @@
+// The whole-model training step (forward + backward, no optimizer) for the CPU presets on 1 and 2
+// threads: step time, tokens/s, model FLOP/s (6 x matmul params x tokens + attention over the
+// visible query-key pairs, see TrainingFlops) and that figure as a share of the sgemm peak
+// measured in the same run at the same thread count.
+//   bench_step [--presets gemma4-tiny,gemma4-small] [--threads 1,2] [--batch 4] [--seq 512]
+//              [--steps 3]
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "bench_util.h"
+#include "core/rng.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "model/gemma4.h"
+#include "model/load.h"
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"slicetrain whole-model step benchmark"};
+  std::vector<std::string> presets = {"gemma4-tiny", "gemma4-small"};
+  std::vector<int> threads = {1, 2};
+  int64_t batch = 4, seq = 512;
+  int steps = 3;
+  app.add_option("--presets", presets)->delimiter(',')->capture_default_str();
+  app.add_option("--threads", threads)->delimiter(',')->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--seq", seq)->capture_default_str();
+  app.add_option("--steps", steps, "timed steps after one warm-up step")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::printf("%-13s %7s %8s %9s %9s %10s %8s %9s %9s %8s\n", "preset", "threads", "batch",
+              "step_s", "fwd_s", "tokens/s", "GFLOP/s", "sgemm", "%peak", "act_MiB");
+  for (const auto& preset : presets) {
+    auto loaded = st::LoadModel(preset, 42);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "bench_step: %s\n", loaded.status().ToString().c_str());
+      return 1;
+    }
+    st::LoadedModel& m = loaded.value();
+    st::Gemma4Engine engine(m.config, batch, seq);
+    std::vector<float> grads(m.params.size(), 0.0f);
+    std::vector<int32_t> ids(batch * seq);
+    st::Rng rng(7);
+    for (auto& id : ids) id = 1 + static_cast<int32_t>(rng.Below(m.config.vocab_size - 1));
+    const st::Batch b{ids.data(), nullptr, ids.data(), batch, seq};
+    const double flops = st::TrainingFlops(m.config, m.registry, batch, seq);
+    for (int t : threads) {
+      st::cpu::SetNumThreads(t);
+      const double peak = st::bench::MeasureSgemmGflops();
+      std::vector<double> step_s, fwd_s;
+      for (int s = 0; s <= steps; ++s) {
+        const auto t0 = std::chrono::steady_clock::now();
+        st::ForwardResult r = engine.Forward(m.params.data(), b);
+        const double f = Seconds(t0);
+        engine.Backward(m.params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
+        if (s > 0) {  // step 0 warms caches, pages and thread pools
+          step_s.push_back(Seconds(t0));
+          fwd_s.push_back(f);
+        }
+      }
+      std::sort(step_s.begin(), step_s.end());
+      std::sort(fwd_s.begin(), fwd_s.end());
+      const double med = step_s[step_s.size() / 2], fmed = fwd_s[fwd_s.size() / 2];
+      const double gflops = flops / med / 1e9;
+      std::printf("%-13s %7d %4lldx%-4lld %9.3f %9.3f %10.1f %8.1f %9.1f %8.1f%% %8.0f\n",
+                  preset.c_str(), t, (long long)batch, (long long)seq, med, fmed, batch * seq / med,
+                  gflops, peak, 100.0 * gflops / peak, engine.ActivationBytes() / 1048576.0);
+      std::fflush(stdout);
+    }
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("peak RSS %.0f MiB\n", ru.ru_maxrss / 1024.0);
+  return 0;
+}
