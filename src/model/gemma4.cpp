@@ -80,9 +80,43 @@ Gemma4Engine::Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t m
   ST_CHECK(max_batch >= 1 && max_seq >= 1) << "engine planned for an empty batch";
   PlanActivations();
   BuildRopeTables();
+  if (backend_ == Backend::kCpu) cpu::ReserveAttentionScratch(max_T_);
   targets_.assign(max_B_ * max_T_, -100);
-  default_trainable_.resize(reg_.layout.size());
-  for (int i = 0; i < reg_.layout.size(); ++i) default_trainable_[i] = !reg_.is_buffer[i];
+}
+
+ParamTable ParamTable::FromArenas(const ParamRegistry& reg, const float* params, float* grads,
+                                  const std::vector<bool>* trainable) {
+  ParamTable t;
+  t.param.resize(reg.layout.size());
+  t.grad.assign(reg.layout.size(), nullptr);
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    const int64_t off = reg.layout.entry(i).offset;
+    t.param[i] = params + off;
+    const bool train = trainable ? (*trainable)[i] : !reg.is_buffer[i];
+    if (grads && train) t.grad[i] = grads + off;
+  }
+  return t;
+}
+
+const ParamTable& Gemma4Engine::ArenaTable(const float* params, float* grads,
+                                           const std::vector<bool>* trainable) {
+  if (arena_table_.param.empty() || params != arena_params_ || grads != arena_grads_ ||
+      trainable != arena_trainable_) {
+    arena_table_ = ParamTable::FromArenas(reg_, params, grads, trainable);
+    arena_params_ = params;
+    arena_grads_ = grads;
+    arena_trainable_ = trainable;
+  }
+  return arena_table_;
+}
+
+ForwardResult Gemma4Engine::Forward(const float* params, const Batch& batch) {
+  return Forward(ArenaTable(params, arena_grads_, arena_trainable_), batch);
+}
+
+void Gemma4Engine::Backward(const float* params, float* grads, const Batch& batch, float grad_scale,
+                            const std::vector<bool>* trainable) {
+  Backward(ArenaTable(params, grads, trainable), batch, grad_scale);
 }
 
 void Gemma4Engine::BuildRopeTables() {
@@ -175,7 +209,7 @@ void Gemma4Engine::PlanActivations() {
   acts_ = AlignedBuffer(l.total());
 }
 
-ForwardResult Gemma4Engine::Forward(const float* params, const Batch& b) {
+ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHooks* hooks) {
   ST_CHECK(b.B >= 1 && b.B <= max_B_ && b.T >= 1 && b.T <= max_T_)
       << "batch [" << b.B << ", " << b.T << "] exceeds the planned [" << max_B_ << ", " << max_T_
       << "]";
@@ -185,7 +219,7 @@ ForwardResult Gemma4Engine::Forward(const float* params, const Batch& b) {
   const int32_t* ids = b.input_ids;
   for (int64_t n = 0; n < N; ++n)
     ST_CHECK(ids[n] >= 0 && ids[n] < V) << "token id " << ids[n] << " outside the vocabulary";
-  auto W = [&](int idx) { return params + reg_.layout.entry(idx).offset; };
+  auto W = [&](int idx) { return t.param[idx]; };
 
   // Embeddings: x0 = E[ids] * sqrt(d)   [N,d]
   float* x0 = Act(resid_[0]);
@@ -214,7 +248,8 @@ ForwardResult Gemma4Engine::Forward(const float* params, const Batch& b) {
   AttnMask full_mask{b.attention_mask, 0};
   AttnMask sliding_mask{b.attention_mask, cfg_.sliding_window};
   for (int64_t i = 0; i < L; ++i)
-    LayerForward(i, params, b, cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask);
+    LayerForward(i, t, b, cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask,
+                 hooks);
 
   // Final norm, tied LM head, softcap.
   float* hN = Act(a_hN_);
@@ -239,8 +274,8 @@ ForwardResult Gemma4Engine::Forward(const float* params, const Batch& b) {
   return r;
 }
 
-void Gemma4Engine::LayerForward(int64_t i, const float* params, const Batch& b,
-                                const AttnMask& mask) {
+void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
+                                const AttnMask& mask, ParamHooks* hooks) {
   const Ops& ops = OpsFor(backend_);
   const LayerParams& lp = reg_.layers[i];
   const LayerActs& a = la_[i];
@@ -251,8 +286,10 @@ void Gemma4Engine::LayerForward(int64_t i, const float* params, const Batch& b,
   const bool full = cfg_.layer_types[i] == LayerType::kFull;
   const float* cos_t = full ? cos_f_.data() : cos_s_.data();
   const float* sin_t = full ? sin_f_.data() : sin_s_.data();
-  auto W = [&](int idx) { return params + reg_.layout.entry(idx).offset; };
+  auto W = [&](int idx) { return t.param[idx]; };
 
+  using Part = ParamHooks::Part;
+  if (hooks) hooks->BeforeForward(i, Part::kLayer);
   const float* x_in = Act(resid_[i]);  // [N,d]
   // Attention block: x1 = x_in + norm_pa(o_proj(attn(norm_in(x_in))))
   float* h1 = Act(a.h1);
@@ -278,10 +315,12 @@ void Gemma4Engine::LayerForward(int64_t i, const float* params, const Batch& b,
   // MLP block: x2 = x1 + norm_pff(down(gelu(gate(h2)) * up(h2))), h2 = norm_pf(x1)
   float* h2 = Act(a.h2);
   ops.RmsNormForward(x1, W(lp.pre_feedforward_layernorm), h2, Act(a.rstd_pf), N, d, eps);
+  if (hooks) hooks->BeforeForward(i, Part::kMlp);
   ops.LinearForward(h2, W(lp.gate_proj), Act(a.gate), N, d, F, 1.0f, false);
   ops.LinearForward(h2, W(lp.up_proj), Act(a.up), N, d, F, 1.0f, false);
   ops.GeluMulForward(Act(a.gate), Act(a.up), Act(a.hm), N * F);
   ops.LinearForward(Act(a.hm), W(lp.down_proj), Act(a.m), N, F, d, 1.0f, false);
+  if (hooks) hooks->AfterForward(i, Part::kMlp);
   float* x2 = Act(a.x2);
   ops.RmsNormForward(Act(a.m), W(lp.post_feedforward_layernorm), x2, Act(a.rstd_pff), N, d, eps);
   ops.Add(x2, x1, N * d);
@@ -299,19 +338,17 @@ void Gemma4Engine::LayerForward(int64_t i, const float* params, const Batch& b,
     std::memcpy(out, x2, static_cast<size_t>(N * d) * sizeof(float));
   }
   ops.Scale(out, W(lp.layer_scalar)[0], N * d);
+  if (hooks) hooks->AfterForward(i, Part::kLayer);
 }
 
-void Gemma4Engine::Backward(const float* params, float* grads, const Batch& b, float grad_scale,
-                            const std::vector<bool>* trainable_in) {
+void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scale,
+                            ParamHooks* hooks) {
   ST_CHECK(b.labels != nullptr) << "Backward needs labels";
   const Ops& ops = OpsFor(backend_);
   const int64_t N = b.B * b.T, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input, V = cfg_.vocab_size;
-  const std::vector<bool>& trainable = trainable_in ? *trainable_in : default_trainable_;
-  auto W = [&](int idx) { return params + reg_.layout.entry(idx).offset; };
-  auto G = [&](int idx) -> float* {
-    return idx >= 0 && trainable[idx] ? grads + reg_.layout.entry(idx).offset : nullptr;
-  };
+  auto W = [&](int idx) { return t.param[idx]; };
+  auto G = [&](int idx) -> float* { return idx >= 0 ? t.grad[idx] : nullptr; };
 
   // Loss -> logits (in place) -> final norm.
   float* dlogits = Act(a_logits_);
@@ -334,8 +371,8 @@ void Gemma4Engine::Backward(const float* params, float* grads, const Batch& b, f
   AttnMask full_mask{b.attention_mask, 0};
   AttnMask sliding_mask{b.attention_mask, cfg_.sliding_window};
   for (int64_t i = L - 1; i >= 0; --i)
-    LayerBackward(i, params, grads, b,
-                  cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask, trainable);
+    LayerBackward(i, t, b, cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask,
+                  hooks);
 
   // dx now holds d loss / d x0 through the residual stream; add the PLE projection path.
   const int32_t* ids = b.input_ids;
@@ -362,8 +399,8 @@ void Gemma4Engine::Backward(const float* params, float* grads, const Batch& b, f
                           static_cast<int32_t>(cfg_.pad_token_id));
 }
 
-void Gemma4Engine::LayerBackward(int64_t i, const float* params, float* grads, const Batch& b,
-                                 const AttnMask& mask, const std::vector<bool>& trainable) {
+void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
+                                 const AttnMask& mask, ParamHooks* hooks) {
   const Ops& ops = OpsFor(backend_);
   const LayerParams& lp = reg_.layers[i];
   const LayerActs& a = la_[i];
@@ -373,10 +410,10 @@ void Gemma4Engine::LayerBackward(int64_t i, const float* params, float* grads, c
   const bool full = cfg_.layer_types[i] == LayerType::kFull;
   const float* cos_t = full ? cos_f_.data() : cos_s_.data();
   const float* sin_t = full ? sin_f_.data() : sin_s_.data();
-  auto W = [&](int idx) { return params + reg_.layout.entry(idx).offset; };
-  auto G = [&](int idx) -> float* {
-    return idx >= 0 && trainable[idx] ? grads + reg_.layout.entry(idx).offset : nullptr;
-  };
+  auto W = [&](int idx) { return t.param[idx]; };
+  auto G = [&](int idx) -> float* { return idx >= 0 ? t.grad[idx] : nullptr; };
+  using Part = ParamHooks::Part;
+  if (hooks) hooks->BeforeBackward(i, Part::kLayer);
   float* dx = Act(g_dx_);  // in: d resid[i+1]; out: d resid[i]
   float* dn = Act(g_dn_);
   float* dh = Act(g_dh_);
@@ -399,10 +436,12 @@ void Gemma4Engine::LayerBackward(int64_t i, const float* params, float* grads, c
   float* dgate = Act(g_df2_);
   ops.RmsNormBackward(Act(a.m), W(lp.post_feedforward_layernorm), Act(a.rstd_pff), dx, dn,
                       G(lp.post_feedforward_layernorm), N, d, false);
+  if (hooks) hooks->BeforeBackward(i, Part::kMlp);
   ops.LinearBackward(Act(a.hm), W(lp.down_proj), dn, dhm, G(lp.down_proj), N, F, d, 1.0f, false);
   ops.GeluMulBackward(Act(a.gate), Act(a.up), dhm, dgate, /*db=*/dhm, N * F);  // dhm -> d up
   ops.LinearBackward(Act(a.h2), W(lp.gate_proj), dgate, dh, G(lp.gate_proj), N, d, F, 1.0f, false);
   ops.LinearBackward(Act(a.h2), W(lp.up_proj), dhm, dh, G(lp.up_proj), N, d, F, 1.0f, true);
+  if (hooks) hooks->AfterBackward(i, Part::kMlp);
   ops.RmsNormBackward(Act(a.x1), W(lp.pre_feedforward_layernorm), Act(a.rstd_pf), dh, dx,
                       G(lp.pre_feedforward_layernorm), N, d, true);  // dx = d x1
   // Attention block.
@@ -433,6 +472,7 @@ void Gemma4Engine::LayerBackward(int64_t i, const float* params, float* grads, c
   }
   ops.RmsNormBackward(Act(resid_[i]), W(lp.input_layernorm), Act(a.rstd_in), dh, dx,
                       G(lp.input_layernorm), N, d, true);  // dx = d resid[i]
+  if (hooks) hooks->AfterBackward(i, Part::kLayer);
 }
 
 double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t B, int64_t T) {

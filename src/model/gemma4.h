@@ -32,6 +32,32 @@ struct ForwardResult {
   double Loss() const { return num_valid ? loss_sum / static_cast<double>(num_valid) : 0.0; }
 };
 
+// Where each registry entry's parameter and gradient live for one call. A plain run points every
+// entry into one arena each; FSDP points them into its gathered unit buffers.
+struct ParamTable {
+  std::vector<const float*> param;  // [registry entries]
+  std::vector<float*> grad;         // [registry entries]; null = no gradient (frozen or buffer)
+
+  // Views into a parameter arena and a gradient arena (grads may be null: forward only).
+  // trainable null = every entry except buffers.
+  static ParamTable FromArenas(const ParamRegistry& reg, const float* params, float* grads,
+                               const std::vector<bool>* trainable = nullptr);
+};
+
+// Called by the engine around the parts of the model that FSDP gathers as units: a whole decoder
+// layer (kLayer) and its MLP (kMlp, nested inside kLayer). Before* must leave the part's entries of
+// the ParamTable pointing at valid values (and, in the backward, its gradient entries at buffers to
+// accumulate into); After* may release them (AfterBackward: the part's gradients are final).
+class ParamHooks {
+ public:
+  enum class Part { kLayer, kMlp };
+  virtual ~ParamHooks() = default;
+  virtual void BeforeForward(int64_t /*layer*/, Part /*part*/) {}
+  virtual void AfterForward(int64_t /*layer*/, Part /*part*/) {}
+  virtual void BeforeBackward(int64_t /*layer*/, Part /*part*/) {}
+  virtual void AfterBackward(int64_t /*layer*/, Part /*part*/) {}
+};
+
 class Gemma4Engine {
  public:
   Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
@@ -45,10 +71,16 @@ class Gemma4Engine {
   size_t ActivationBytes() const { return static_cast<size_t>(acts_.size()) * sizeof(float); }
 
   // Runs the model; fills logits() ([B,T,V], after softcap) and, with labels, the loss.
+  ForwardResult Forward(const ParamTable& table, const Batch& batch, ParamHooks* hooks = nullptr);
+  // Accumulates d(grad_scale * loss_sum)/d(param) into every non-null table.grad entry. Must follow
+  // Forward on the same batch; destroys logits(). For a mean loss pass grad_scale = 1 / num_valid
+  // (of all ranks' tokens).
+  void Backward(const ParamTable& table, const Batch& batch, float grad_scale,
+                ParamHooks* hooks = nullptr);
+
+  // The same over one parameter arena and one gradient arena (registry layout); trainable null =
+  // every entry but the buffers.
   ForwardResult Forward(const float* params, const Batch& batch);
-  // Accumulates d(grad_scale * loss_sum)/d(params) into grads (same layout as params) for every
-  // entry with trainable[i] (null = every non-buffer entry). Must follow Forward on the same batch;
-  // destroys logits(). For a mean loss pass grad_scale = 1 / num_valid (of all ranks' tokens).
   void Backward(const float* params, float* grads, const Batch& batch, float grad_scale,
                 const std::vector<bool>* trainable = nullptr);
 
@@ -69,9 +101,13 @@ class Gemma4Engine {
   void PlanActivations();
   void BuildRopeTables();
 
-  void LayerForward(int64_t i, const float* params, const Batch& b, const AttnMask& mask);
-  void LayerBackward(int64_t i, const float* params, float* grads, const Batch& b,
-                     const AttnMask& mask, const std::vector<bool>& trainable);
+  void LayerForward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
+                    ParamHooks* hooks);
+  void LayerBackward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
+                     ParamHooks* hooks);
+  // The table of the arena convenience calls, rebuilt only when the arenas change.
+  const ParamTable& ArenaTable(const float* params, float* grads,
+                               const std::vector<bool>* trainable);
 
   Gemma4Config cfg_;
   ParamRegistry reg_;
@@ -89,8 +125,11 @@ class Gemma4Engine {
   std::vector<int> g_dk_, g_dv_;  // per layer: index of the K/V gradient accumulator it adds to
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
-  std::vector<int32_t> targets_;         // [N] labels shifted left by one, -100 at each row's end
-  std::vector<bool> default_trainable_;  // every entry but the buffers
+  std::vector<int32_t> targets_;  // [N] labels shifted left by one, -100 at each row's end
+  ParamTable arena_table_;
+  const float* arena_params_ = nullptr;
+  float* arena_grads_ = nullptr;
+  const std::vector<bool>* arena_trainable_ = nullptr;
 };
 
 // The FLOPs of one forward+backward over `batch` tokens: 6 x matmul params x tokens plus the

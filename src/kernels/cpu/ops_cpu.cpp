@@ -281,6 +281,11 @@ void AttentionForward(const float* q, const float* k, const float* v, float* out
   }
 }
 
+void ReserveAttentionScratch(int64_t T) {
+#pragma omp parallel
+  Scratch(kQueryBlock * T);
+}
+
 void AttentionBackward(const float* q, const float* k, const float* v, const float* probs,
                        const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T,
                        int64_t H, int64_t Hkv, int64_t D, const AttnMask& mask) {
