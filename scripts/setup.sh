@@ -8,6 +8,7 @@ PACKAGES=(
   libopenblas-openmp-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev libsentencepiece-dev sentencepiece libcurl4-openssl-dev libssl-dev libcpp-httplib-dev
 )
 
 missing=()

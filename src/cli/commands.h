@@ -19,5 +19,7 @@ int ReportError(const std::string& command, const Status& status);
 
 void RegisterInfoCommand(CLI::App& app, Context& ctx);
 void RegisterStepCommand(CLI::App& app, Context& ctx);
+void RegisterTokenizeCommand(CLI::App& app, Context& ctx);
+void RegisterDownloadCommand(CLI::App& app, Context& ctx);
 
 }  // namespace st::cli

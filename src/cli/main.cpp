@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   st::cli::Context ctx;
   st::cli::RegisterInfoCommand(app, ctx);
   st::cli::RegisterStepCommand(app, ctx);
+  st::cli::RegisterTokenizeCommand(app, ctx);
+  st::cli::RegisterDownloadCommand(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
