@@ -9,6 +9,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libsentencepiece-dev sentencepiece libcurl4-openssl-dev libssl-dev libcpp-httplib-dev
+  libgloo-dev iproute2
 )
 
 missing=()
