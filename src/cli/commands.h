@@ -21,5 +21,8 @@ void RegisterInfoCommand(CLI::App& app, Context& ctx);
 void RegisterStepCommand(CLI::App& app, Context& ctx);
 void RegisterTokenizeCommand(CLI::App& app, Context& ctx);
 void RegisterDownloadCommand(CLI::App& app, Context& ctx);
+void RegisterLaunchCommand(CLI::App& app, Context& ctx);
+void RegisterCollectivesCommand(CLI::App& app, Context& ctx);
+void RegisterAllReduceLoopCommand(CLI::App& app, Context& ctx);  // hidden, for fault tests
 
 }  // namespace st::cli

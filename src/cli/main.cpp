@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   st::cli::RegisterStepCommand(app, ctx);
   st::cli::RegisterTokenizeCommand(app, ctx);
   st::cli::RegisterDownloadCommand(app, ctx);
+  st::cli::RegisterLaunchCommand(app, ctx);
+  st::cli::RegisterCollectivesCommand(app, ctx);
+  st::cli::RegisterAllReduceLoopCommand(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,69 @@
+// `slicetrain allreduce-loop` (hidden): every worker all_reduces a buffer `--iters` times. Used by
+// the launch and fault tests (a worker killed or failing mid collective must take the group down)
+// and handy for checking a cluster's network by hand.
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "launch/cluster_env.h"
+#include "launch/worker.h"
+
+namespace st::cli {
+
+namespace {
+
+struct LoopArgs {
+  int iters = 10;
+  int64_t count = 1 << 16;
+  int fail_rank = -1;  // this rank exits with code 3 ...
+  int fail_at = 0;     // ... before iteration fail_at
+  int sleep_ms = 0;    // pause between iterations
+};
+
+Status RunLoop(const LoopArgs& a) {
+  ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
+                      launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
+  ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
+  std::printf("ready rank=%d world=%d\n", worker->rank(), worker->world_size());
+  std::fflush(stdout);
+  std::vector<float> buf(static_cast<size_t>(a.count));
+  const double expected = worker->world_size() * (worker->world_size() + 1) / 2.0;
+  for (int i = 0; i < a.iters; ++i) {
+    if (worker->rank() == a.fail_rank && i == a.fail_at) {
+      std::fprintf(stderr, "rank %d failing on purpose at iteration %d\n", worker->rank(), i);
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+    std::fill(buf.begin(), buf.end(), static_cast<float>(worker->rank() + 1));
+    ST_RETURN_IF_ERROR(worker->world().AllReduce(buf.data(), a.count, DType::kF32,
+                                                 dist::ReduceOp::kSum, worker->collective()));
+    if (a.count > 0 && buf[0] != expected)
+      return Internal(StrCat("all_reduce gave ", buf[0], ", expected ", expected));
+    if (worker->rank() == 0 && (i + 1) % 10 == 0) {
+      std::printf("iteration %d done\n", i + 1);
+      std::fflush(stdout);
+    }
+    if (a.sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.sleep_ms));
+  }
+  return worker->Shutdown();
+}
+
+}  // namespace
+
+void RegisterAllReduceLoopCommand(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand("allreduce-loop", "Repeated all_reduce (tests, network checks)");
+  cmd->group("");  // hidden from --help
+  auto a = std::make_shared<LoopArgs>();
+  cmd->add_option("--iters", a->iters)->capture_default_str();
+  cmd->add_option("--count", a->count)->capture_default_str();
+  cmd->add_option("--fail-rank", a->fail_rank);
+  cmd->add_option("--fail-at", a->fail_at);
+  cmd->add_option("--sleep-ms", a->sleep_ms);
+  cmd->callback([&ctx, a] {
+    Status st = RunLoop(*a);
+    if (!st.ok()) ctx.exit_code = ReportError("allreduce-loop", st);
+  });
+}
+
+}  // namespace st::cli

@@ -1,0 +1,93 @@
+// `slicetrain launch [--nnodes N --node-rank R --nproc-per-node P --master-addr A --master-port M]
+// -- <subcommand args>`: starts this host's workers of a multi-host job (the role of torchrun),
+// prefixes their output with "(rank R pid=P ip=A)", forwards signals, and takes the group down
+// when one worker fails. Host layout comes from flags or the cluster environment (docs/runtime.md).
+#include <memory>
+
+#include "cli/commands.h"
+#include "dist/socket.h"
+#include "launch/cluster_env.h"
+#include "launch/supervisor.h"
+#include "launch/worker.h"
+
+namespace st::cli {
+
+namespace {
+
+struct LaunchArgs {
+  launch::LaunchFlags flags;
+  int grace_ms = 3000;
+  std::vector<std::string> command;
+};
+
+Status RunLaunch(const LaunchArgs& a, int* exit_code) {
+  ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
+                      launch::DetectClusterEnv(launch::ReadProcessEnvironment(), a.flags));
+  int nproc = env.nproc_per_node > 0 ? env.nproc_per_node
+                                     : (env.local_world_size > 0 ? env.local_world_size : 1);
+  if (nproc < 1 || nproc > 1024) return InvalidArgument("--nproc-per-node must be 1..1024");
+  if (a.command.empty()) return InvalidArgument("nothing to run: add -- <subcommand args>");
+  std::string secret = env.secret;
+  if (secret.empty()) {
+    if (env.nnodes > 1)
+      return InvalidArgument(
+          "a multi-host launch needs SLICETRAIN_SECRET set to the same value on every host");
+    secret = launch::NewSecret();
+  }
+  std::string host_ip = env.host_ip;
+  if (host_ip.empty()) {
+    ST_ASSIGN_OR_RETURN(host_ip, dist::LocalAddressFor(env.master_addr));
+  }
+  launch::LocalPlan plan;
+  plan.command = {launch::SelfExecutable()};
+  plan.command.insert(plan.command.end(), a.command.begin(), a.command.end());
+  plan.world_size = env.nnodes * nproc;
+  plan.first_rank = env.node_rank * nproc;
+  plan.count = nproc;
+  plan.local_world_size = nproc;
+  plan.nnodes = env.nnodes;
+  plan.master_addr = env.master_addr;
+  plan.master_port = env.master_port;
+  if (env.nnodes == 1 && !env.master_port_explicit) {
+    // One host and no port asked for: take a free one, so that jobs on one machine never collide.
+    ST_ASSIGN_OR_RETURN(plan.master_port, dist::PickFreePort(env.master_addr));
+  }
+  plan.secret = secret;
+  plan.host_ip = host_ip;
+  plan.collective_timeout_ms = env.collective_timeout_ms;
+  launch::SupervisorOptions so;
+  so.grace = std::chrono::milliseconds(a.grace_ms);
+  launch::SupervisorResult r = launch::RunWorkers(launch::PlanLocalWorkers(plan), so);
+  *exit_code = r.exit_code;
+  if (r.exit_code != 0)
+    return Internal(StrCat("node ", env.node_rank, " (", host_ip, "): ", r.message,
+                           r.failed_rank >= 0 ? "; the other local workers were stopped" : ""));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterLaunchCommand(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand(
+      "launch", "Start this host's workers of a (multi-host) job and supervise them");
+  auto a = std::make_shared<LaunchArgs>();
+  cmd->add_option("--nnodes", a->flags.nnodes,
+                  "Number of hosts (default: from the environment, 1)");
+  cmd->add_option("--node-rank", a->flags.node_rank, "This host's index (default: environment, 0)");
+  cmd->add_option("--nproc-per-node", a->flags.nproc_per_node, "Workers on this host (default 1)");
+  cmd->add_option("--master-addr", a->flags.master_addr, "Host of rank 0 (serves the store)");
+  cmd->add_option("--master-port", a->flags.master_port, "Port of the rendezvous store (29500)");
+  cmd->add_option("--grace-ms", a->grace_ms, "SIGTERM -> SIGKILL grace when stopping workers")
+      ->capture_default_str();
+  cmd->add_option("command", a->command, "-- <subcommand args> run by every worker")->required();
+  cmd->callback([&ctx, a] {
+    int code = 0;
+    Status st = RunLaunch(*a, &code);
+    if (!st.ok()) {
+      const int rc = ReportError("launch", st);
+      ctx.exit_code = code != 0 ? code : rc;
+    }
+  });
+}
+
+}  // namespace st::cli

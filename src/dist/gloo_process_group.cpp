@@ -1,0 +1,308 @@
+#include "dist/gloo_process_group.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+namespace st::dist {
+
+namespace {
+
+// Our reduce-scatter ring's slot prefix; Gloo's own collectives use 0x01..0x08.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+
+// Gloo's Store interface on top of ours (Gloo reports failures by exceptions).
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<st::dist::Store> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(store_->Set(key, std::string(data.begin(), data.end()), {timeout_}));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = store_->Get(key, {timeout_});
+    Check(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    Check(store_->Wait(keys, {t}));
+  }
+
+ private:
+  static void Check(const Status& st) {
+    if (!st.ok()) throw gloo::IoException(st.message());
+  }
+  std::shared_ptr<st::dist::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+template <typename F>
+void ReduceF32(float* out, const float* a, const float* b, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+}
+
+// Elementwise reduction of f32 buffers: out = a (op) b (avg reduces as a sum, divided at the end).
+void ReduceInto(ReduceOp op, float* out, const float* a, const float* b, size_t n) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      ReduceF32(out, a, b, n, [](float x, float y) { return x + y; });
+      break;
+    case ReduceOp::kMax:
+      ReduceF32(out, a, b, n, [](float x, float y) { return x > y ? x : y; });
+      break;
+    case ReduceOp::kMin:
+      ReduceF32(out, a, b, n, [](float x, float y) { return x < y ? x : y; });
+      break;
+  }
+}
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(int rank, int size, const GlooOptions& opts, std::shared_ptr<Store> store,
+                   std::shared_ptr<gloo::Context> ctx)
+      : ProcessGroup(rank, size, opts.name, opts.hostname),
+        store_(std::move(store)),
+        ctx_(std::move(ctx)),
+        watchdog_([this] { WatchdogLoop(); }) {}
+
+  ~GlooProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(wd_mu_);
+      wd_stop_ = true;
+    }
+    wd_cv_.notify_all();
+    watchdog_.join();
+  }
+
+ protected:
+  Status DoAllReduce(void* buf, int64_t count, DType dtype, ReduceOp op, uint64_t seq,
+                     std::chrono::milliseconds timeout) override {
+    if (dtype == DType::kBF16) {
+      // bf16 travels as f32 so that the sum of many ranks keeps its precision.
+      std::vector<float> tmp(static_cast<size_t>(count));
+      ConvertToF32(DType::kBF16, buf, tmp.data(), count);
+      ST_RETURN_IF_ERROR(DoAllReduce(tmp.data(), count, DType::kF32, op, seq, timeout));
+      ConvertFromF32(DType::kBF16, tmp.data(), buf, count);
+      return Status::Ok();
+    }
+    return Guard([&] {
+      gloo::AllreduceOptions o(ctx_);
+      o.setOutput(static_cast<float*>(buf), static_cast<size_t>(count));
+      o.setReduceFunction([op](void* out, const void* a, const void* b, size_t n) {
+        ReduceInto(op, static_cast<float*>(out), static_cast<const float*>(a),
+                   static_cast<const float*>(b), n);
+      });
+      o.setTag(Tag(seq));
+      o.setTimeout(timeout);
+      gloo::allreduce(o);
+      if (op == ReduceOp::kAvg) {
+        float* p = static_cast<float*>(buf);
+        const float inv = 1.0f / static_cast<float>(size());
+        for (int64_t i = 0; i < count; ++i) p[i] *= inv;
+      }
+    });
+  }
+
+  Status DoAllGather(const void* in, void* out, int64_t count, DType dtype, uint64_t seq,
+                     std::chrono::milliseconds timeout) override {
+    return Guard([&] {
+      gloo::AllgatherOptions o(ctx_);
+      const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+      // In place when `in` is already this rank's block of `out` (Gloo then sends from `out`).
+      // Otherwise Gloo reads the input through an unbound buffer; it never writes it.
+      const bool in_place = in == static_cast<const char*>(out) + bytes * rank();
+      auto* in_ptr = const_cast<void*>(in);
+      const size_t out_bytes = bytes * static_cast<size_t>(size());
+      if (dtype == DType::kF32) {
+        if (!in_place) o.setInput<float>(ctx_->createUnboundBuffer(in_ptr, bytes));
+        o.setOutput<float>(ctx_->createUnboundBuffer(out, out_bytes));
+      } else {
+        if (!in_place) o.setInput<uint16_t>(ctx_->createUnboundBuffer(in_ptr, bytes));
+        o.setOutput<uint16_t>(ctx_->createUnboundBuffer(out, out_bytes));
+      }
+      o.setTag(Tag(seq));
+      o.setTimeout(timeout);
+      gloo::allgather(o);
+    });
+  }
+
+  // Ring reduce-scatter. Step s (0 <= s < P-1): send the running partial of block (r-s-1) to
+  // rank r+1, receive the partial of block (r-s-2) from rank r-1 and add this rank's own input
+  // block to it. After P-1 steps the received partial is block r, reduced over every rank.
+  Status DoReduceScatter(const void* in, void* out, int64_t count, DType, ReduceOp op, uint64_t seq,
+                         std::chrono::milliseconds timeout) override {
+    const int P = size(), r = rank();
+    const float* input = static_cast<const float*>(in);
+    float* output = static_cast<float*>(out);
+    const size_t n = static_cast<size_t>(count);
+    if (P == 1) {
+      std::memcpy(output, input, n * sizeof(float));
+      return Status::Ok();
+    }
+    return Guard([&] {
+      // Two staging blocks [count]; left uninitialised (every element is received before use).
+      std::unique_ptr<float[]> a_mem(new float[n]), b_mem(new float[n]);
+      float* a = a_mem.get();
+      float* b = b_mem.get();
+      auto in_buf = ctx_->createUnboundBuffer(const_cast<float*>(input), n * P * sizeof(float));
+      auto a_buf = ctx_->createUnboundBuffer(a, n * sizeof(float));
+      auto b_buf = ctx_->createUnboundBuffer(b, n * sizeof(float));
+      const auto base = gloo::Slot::build(kReduceScatterSlotPrefix, Tag(seq));
+      const int next = (r + 1) % P, prev = (r + P - 1) % P;
+      auto block = [&](int k) { return static_cast<size_t>(((k % P) + P) % P); };
+      gloo::transport::UnboundBuffer* send = in_buf.get();
+      gloo::transport::UnboundBuffer* recv = a_buf.get();
+      float* recv_data = a;
+      size_t send_off = block(r - 1) * n * sizeof(float);
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (int s = 0; s < P - 1; ++s) {
+        const uint64_t slot = base + static_cast<uint8_t>(s % 256);
+        recv->recv(prev, slot, 0, n * sizeof(float));
+        send->send(next, slot, send_off, n * sizeof(float));
+        if (!recv->waitRecv(deadline) || !send->waitSend(deadline))
+          throw gloo::IoException("reduce_scatter ring step timed out or was aborted");
+        const float* mine = input + block(r - s - 2) * n;
+        ReduceInto(op, recv_data, recv_data, mine, n);
+        // The block just reduced is what this rank sends next.
+        send = recv;
+        send_off = 0;
+        recv = recv == a_buf.get() ? b_buf.get() : a_buf.get();
+        recv_data = recv_data == a ? b : a;
+      }
+      const float* result = send == a_buf.get() ? a : b;
+      const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(P) : 1.0f;
+      for (size_t i = 0; i < n; ++i) output[i] = result[i] * scale;
+    });
+  }
+
+  Status DoBroadcast(void* buf, int64_t count, DType dtype, int root, uint64_t seq,
+                     std::chrono::milliseconds timeout) override {
+    return Guard([&] {
+      gloo::BroadcastOptions o(ctx_);
+      const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+      if (dtype == DType::kF32)
+        o.setOutput<float>(ctx_->createUnboundBuffer(buf, bytes));
+      else
+        o.setOutput<uint16_t>(ctx_->createUnboundBuffer(buf, bytes));
+      o.setRoot(root);
+      o.setTag(Tag(seq));
+      o.setTimeout(timeout);
+      gloo::broadcast(o);
+    });
+  }
+
+  Status DoBarrier(uint64_t seq, std::chrono::milliseconds timeout) override {
+    return Guard([&] {
+      gloo::BarrierOptions o(ctx_);
+      o.setTag(Tag(seq));
+      o.setTimeout(timeout);
+      gloo::barrier(o);
+    });
+  }
+
+  void OnStart(uint64_t seq) override { started_.store(seq); }
+
+  // Waits briefly so every live peer's watchdog publishes its progress, then names the ranks
+  // whose last published collective is older than `seq` (dead, stuck or stopped ranks; a rank
+  // that entered `seq` less than one publish period before stopping may also be listed).
+  std::string MissingRanks(uint64_t seq) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * kPublishMs));
+    std::string out;
+    const StoreOptions quick{std::chrono::milliseconds(2000)};
+    for (int p = 0; p < size(); ++p) {
+      const std::string key = "progress/" + std::to_string(p);
+      auto has = store_->Check({key}, quick);
+      if (!has.ok()) return "unknown (store unreachable: " + has.status().message() + ")";
+      uint64_t theirs = 0;
+      if (*has) {
+        auto v = store_->Get(key, quick);
+        if (!v.ok()) return "unknown (store unreachable)";
+        theirs = std::strtoull(v->c_str(), nullptr, 10);
+      }
+      if (theirs < seq)
+        out += (out.empty() ? "" : ", ") + std::to_string(p) + " (last seen at #" +
+               std::to_string(theirs) + ")";
+    }
+    return out.empty() ? "none (every rank started it; a peer failed inside it)" : out;
+  }
+
+ private:
+  static constexpr int kPublishMs = 200;
+  static uint32_t Tag(uint64_t seq) { return static_cast<uint32_t>(seq & 0xffffffffu); }
+
+  template <typename F>
+  Status Guard(F&& f) {
+    try {
+      f();
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return IoError(e.what());
+    }
+  }
+
+  // Publishes this rank's last started collective to the store, so that a peer that times out
+  // can say who did not arrive.
+  void WatchdogLoop() {
+    uint64_t published = 0;
+    std::unique_lock<std::mutex> lock(wd_mu_);
+    while (!wd_stop_) {
+      wd_cv_.wait_for(lock, std::chrono::milliseconds(kPublishMs));
+      const uint64_t s = started_.load();
+      if (s != published && !wd_stop_) {
+        lock.unlock();
+        if (store_
+                ->Set("progress/" + std::to_string(rank()), std::to_string(s),
+                      {std::chrono::milliseconds(2000)})
+                .ok())
+          published = s;
+        lock.lock();
+      }
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::atomic<uint64_t> started_{0};
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  bool wd_stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(std::shared_ptr<Store> store,
+                                                               int rank, int size,
+                                                               const GlooOptions& opts) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return InvalidArgument(StrCat("rank ", rank, " is outside a group of ", size));
+  auto scoped = std::make_shared<PrefixStore>("pg/" + opts.name, store);
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = opts.hostname;
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(opts.connect_timeout);
+    GlooStoreAdapter adapter(scoped, opts.connect_timeout);
+    ctx->connectFullMesh(adapter, dev);
+    return std::unique_ptr<ProcessGroup>(
+        new GlooProcessGroup(rank, size, opts, scoped, std::move(ctx)));
+  } catch (const std::exception& e) {
+    return IoError(StrCat("rank ", rank, " (host ", opts.hostname, ") group '", opts.name,
+                          "': Gloo rendezvous of ", size, " ranks failed: ", e.what()));
+  }
+}
+
+}  // namespace st::dist

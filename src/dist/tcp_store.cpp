@@ -1,0 +1,312 @@
+#include "dist/tcp_store.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace st::dist {
+
+namespace {
+
+constexpr char kMagic[] = "STSTORE1";
+constexpr uint32_t kMaxFrame = 64u << 20;  // bytes; a store value is small
+constexpr auto kForever = std::chrono::hours(24 * 365);
+
+enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCas = 4, kWait = 5, kCheck = 6 };
+enum Reply : uint8_t { kOk = 0, kTimeout = 1, kDenied = 2, kBadRequest = 3 };
+
+void PutU32(std::string& s, uint32_t v) {
+  s.append(reinterpret_cast<const char*>(&v), 4);
+}
+void PutI64(std::string& s, int64_t v) {
+  s.append(reinterpret_cast<const char*>(&v), 8);
+}
+void PutStr(std::string& s, const std::string& v) {
+  PutU32(s, static_cast<uint32_t>(v.size()));
+  s += v;
+}
+
+// Reads fields from a request or reply; any overrun marks it bad.
+struct Reader {
+  const std::string& s;
+  size_t pos = 0;
+  bool bad = false;
+  // noinline: GCC 12 otherwise reports a false -Wmaybe-uninitialized on short (SSO) strings.
+  template <typename T>
+  [[gnu::noinline]] T Fixed() {
+    T v{};
+    if (pos + sizeof(T) > s.size()) {
+      bad = true;
+      return v;
+    }
+    std::memcpy(&v, s.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+  std::string Str() {
+    uint32_t n = Fixed<uint32_t>();
+    if (bad || pos + n > s.size()) {
+      bad = true;
+      return {};
+    }
+    std::string v = s.substr(pos, n);
+    pos += n;
+    return v;
+  }
+};
+
+Status SendFrame(int fd, const std::string& payload, Clock::time_point deadline) {
+  std::string frame;
+  frame.reserve(payload.size() + 4);
+  PutU32(frame, static_cast<uint32_t>(payload.size()));
+  frame += payload;
+  return SendAll(fd, frame.data(), frame.size(), deadline);
+}
+
+StatusOr<std::string> RecvFrame(int fd, Clock::time_point deadline) {
+  uint32_t n = 0;
+  ST_RETURN_IF_ERROR(RecvAll(fd, &n, 4, deadline));
+  if (n > kMaxFrame) return IoError(StrCat("store frame of ", n, " bytes is too large"));
+  std::string payload(n, '\0');
+  ST_RETURN_IF_ERROR(RecvAll(fd, payload.data(), n, deadline));
+  return payload;
+}
+
+// Constant-time comparison, so the reply time does not leak how much of the secret matched.
+bool SecretEquals(const std::string& a, const std::string& b) {
+  unsigned diff = a.size() != b.size();
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+std::vector<std::string> ReadKeys(Reader& r) {
+  uint32_t n = r.Fixed<uint32_t>();
+  std::vector<std::string> keys;
+  for (uint32_t i = 0; i < n && !r.bad; ++i) keys.push_back(r.Str());
+  return keys;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host, int port,
+                                                                std::string secret) {
+  std::unique_ptr<TcpStoreServer> s(new TcpStoreServer());
+  s->secret_ = std::move(secret);
+  ST_ASSIGN_OR_RETURN(s->listen_fd_, Listen(host, port, &s->port_));
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return IoError("pipe failed");
+  s->stop_read_ = Fd(p[0]);
+  s->stop_write_ = Fd(p[1]);
+  s->accept_thread_ = std::thread([srv = s.get()] { srv->AcceptLoop(); });
+  return s;
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stopping_ = true;
+  char c = 1;
+  if (::write(stop_write_.get(), &c, 1) < 0) {
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  table_.Stop();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(clients_mu_);
+    for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+    threads.swap(client_threads_);
+  }
+  for (auto& t : threads) t.join();
+}
+
+void TcpStoreServer::AcceptLoop() {
+  for (;;) {
+    auto c = Accept(listen_fd_.get(), stop_read_.get());
+    if (!c.ok() || !c->valid()) return;
+    std::lock_guard<std::mutex> lock(clients_mu_);
+    if (stopping_) return;
+    client_fds_.push_back(c->get());
+    client_threads_.emplace_back([this, fd = std::move(*c)]() mutable { Serve(std::move(fd)); });
+  }
+}
+
+void TcpStoreServer::Serve(Fd client) {
+  const int fd = client.get();
+  // Handshake: the first frame must be the magic followed by the secret, within 10 s.
+  auto hello = RecvFrame(fd, Clock::now() + std::chrono::seconds(10));
+  const std::string expect = std::string(kMagic) + secret_;
+  if (!hello.ok() || !SecretEquals(*hello, expect)) {
+    ++rejected_;
+    (void)SendFrame(fd, std::string(1, static_cast<char>(kDenied)),
+                    Clock::now() + std::chrono::seconds(1));
+  } else if (SendFrame(fd, std::string(1, static_cast<char>(kOk)),
+                       Clock::now() + std::chrono::seconds(10))
+                 .ok()) {
+    bool keep_going = true;
+    while (keep_going && !stopping_) {
+      if (!HandleOne(fd, &keep_going).ok()) break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(clients_mu_);
+  std::erase(client_fds_, fd);
+  // `client` closes here, under the lock, so the destructor never shuts down a reused number.
+  client.Reset();
+}
+
+Status TcpStoreServer::HandleOne(int fd, bool* keep_going) {
+  ST_ASSIGN_OR_RETURN(std::string req, RecvFrame(fd, Clock::now() + kForever));
+  Reader r{req};
+  const uint8_t op = r.Fixed<uint8_t>();
+  std::string reply(1, static_cast<char>(kOk));
+  auto deadline_from = [](int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); };
+  switch (op) {
+    case kSet: {
+      std::string k = r.Str(), v = r.Str();
+      if (!r.bad) table_.Set(k, v);
+      break;
+    }
+    case kGet: {
+      std::string k = r.Str();
+      int64_t ms = r.Fixed<int64_t>();
+      if (r.bad) break;
+      if (table_.WaitFor({k}, deadline_from(ms)))
+        PutStr(reply, table_.GetExisting(k));
+      else
+        reply[0] = static_cast<char>(kTimeout);
+      break;
+    }
+    case kAdd: {
+      std::string k = r.Str();
+      int64_t d = r.Fixed<int64_t>();
+      if (!r.bad) PutI64(reply, table_.Add(k, d));
+      break;
+    }
+    case kCas: {
+      std::string k = r.Str(), e = r.Str(), d = r.Str();
+      if (!r.bad) PutStr(reply, table_.CompareSet(k, e, d));
+      break;
+    }
+    case kWait: {
+      auto keys = ReadKeys(r);
+      int64_t ms = r.Fixed<int64_t>();
+      if (!r.bad && !table_.WaitFor(keys, deadline_from(ms)))
+        reply[0] = static_cast<char>(kTimeout);
+      break;
+    }
+    case kCheck: {
+      auto keys = ReadKeys(r);
+      if (!r.bad) reply.push_back(table_.Check(keys) ? 1 : 0);
+      break;
+    }
+    default:
+      r.bad = true;
+  }
+  if (r.bad) {
+    reply.assign(1, static_cast<char>(kBadRequest));
+    *keep_going = false;
+  }
+  return SendFrame(fd, reply, Clock::now() + std::chrono::seconds(30));
+}
+
+StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host, int port,
+                                                                  const std::string& secret,
+                                                                  const StoreOptions& opts) {
+  const std::string where = StrCat("store ", host, ":", port);
+  const auto deadline = Clock::now() + opts.timeout;
+  ST_ASSIGN_OR_RETURN(Fd fd, ConnectWithRetry(host, port, deadline));
+  Status st = SendFrame(fd.get(), std::string(kMagic) + secret, deadline);
+  StatusOr<std::string> reply = st.ok() ? RecvFrame(fd.get(), deadline) : StatusOr<std::string>(st);
+  if (!reply.ok()) return reply.status().WithContext(where);
+  if (reply->size() != 1 || (*reply)[0] != static_cast<char>(kOk))
+    return InvalidArgument(where + " rejected this client: wrong job secret (SLICETRAIN_SECRET)");
+  return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(std::move(fd), where));
+}
+
+Status TcpStoreClient::Call(const std::string& request, std::string* reply,
+                            std::chrono::milliseconds wait, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The reply may legitimately take `wait` (a blocking get); allow 10 s more for the network.
+  const auto deadline = Clock::now() + wait + std::chrono::seconds(10);
+  Status st = SendFrame(fd_.get(), request, deadline);
+  StatusOr<std::string> r = st.ok() ? RecvFrame(fd_.get(), deadline) : StatusOr<std::string>(st);
+  if (!r.ok())
+    return r.status().WithContext(StrCat(where_, " (", what, "; is rank 0 still alive?)"));
+  if (r->empty()) return IoError(StrCat(where_, ": empty reply to ", what));
+  switch (static_cast<uint8_t>((*r)[0])) {
+    case kOk:
+      *reply = r->substr(1);
+      return Status::Ok();
+    case kTimeout:
+      return IoError(StrCat(where_, ": ", what, " timed out after ", wait.count(), " ms"));
+    default:
+      return Internal(StrCat(where_, ": server refused ", what));
+  }
+}
+
+Status TcpStoreClient::Set(const std::string& key, const std::string& value,
+                           const StoreOptions& opts) {
+  std::string req(1, static_cast<char>(kSet)), reply;
+  PutStr(req, key);
+  PutStr(req, value);
+  return Call(req, &reply, opts.timeout, "set " + key);
+}
+
+StatusOr<std::string> TcpStoreClient::Get(const std::string& key, const StoreOptions& opts) {
+  std::string req(1, static_cast<char>(kGet)), reply;
+  PutStr(req, key);
+  PutI64(req, opts.timeout.count());
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "get " + key));
+  Reader r{reply};
+  std::string v = r.Str();
+  if (r.bad) return Internal(where_ + ": malformed reply to get");
+  return v;
+}
+
+StatusOr<int64_t> TcpStoreClient::Add(const std::string& key, int64_t delta,
+                                      const StoreOptions& opts) {
+  std::string req(1, static_cast<char>(kAdd)), reply;
+  PutStr(req, key);
+  PutI64(req, delta);
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "add " + key));
+  Reader r{reply};
+  int64_t v = r.Fixed<int64_t>();
+  if (r.bad) return Internal(where_ + ": malformed reply to add");
+  return v;
+}
+
+StatusOr<std::string> TcpStoreClient::CompareSet(const std::string& key,
+                                                 const std::string& expected,
+                                                 const std::string& desired,
+                                                 const StoreOptions& opts) {
+  std::string req(1, static_cast<char>(kCas)), reply;
+  PutStr(req, key);
+  PutStr(req, expected);
+  PutStr(req, desired);
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "compare_set " + key));
+  Reader r{reply};
+  std::string v = r.Str();
+  if (r.bad) return Internal(where_ + ": malformed reply to compare_set");
+  return v;
+}
+
+Status TcpStoreClient::Wait(const std::vector<std::string>& keys, const StoreOptions& opts) {
+  std::string req(1, static_cast<char>(kWait)), reply, names;
+  PutU32(req, static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) {
+    PutStr(req, k);
+    names += (names.empty() ? "" : ", ") + k;
+  }
+  PutI64(req, opts.timeout.count());
+  return Call(req, &reply, opts.timeout, "wait for [" + names + "]");
+}
+
+StatusOr<bool> TcpStoreClient::Check(const std::vector<std::string>& keys,
+                                     const StoreOptions& opts) {
+  std::string req(1, static_cast<char>(kCheck)), reply;
+  PutU32(req, static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) PutStr(req, k);
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "check"));
+  return !reply.empty() && reply[0] == 1;
+}
+
+}  // namespace st::dist

@@ -1,0 +1,75 @@
+// The TCP rendezvous store: rank 0 serves a KvTable at MASTER_ADDR:MASTER_PORT; every rank
+// (rank 0 included) talks to it through a TcpStoreClient. A client must present the job's secret
+// in its first message or the server closes the connection. Protocol: docs/runtime.md.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/socket.h"
+#include "dist/store.h"
+
+namespace st::dist {
+
+// Serves the store on its own threads (one accept thread, one thread per client) until destroyed.
+class TcpStoreServer {
+ public:
+  // host "" binds every interface; port 0 picks a free port (see port()).
+  static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, int port,
+                                                         std::string secret);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  int port() const { return port_; }
+  int rejected_clients() const { return rejected_.load(); }
+
+ private:
+  TcpStoreServer() = default;
+  void AcceptLoop();
+  void Serve(Fd client);
+  Status HandleOne(int fd, bool* keep_going);
+
+  std::string secret_;
+  int port_ = 0;
+  Fd listen_fd_;
+  Fd stop_read_, stop_write_;
+  KvTable table_;
+  std::thread accept_thread_;
+  std::mutex clients_mu_;
+  std::vector<std::thread> client_threads_;
+  std::vector<int> client_fds_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> rejected_{0};
+};
+
+class TcpStoreClient final : public Store {
+ public:
+  // Connects (retrying until opts.timeout: the server may start later) and authenticates.
+  static StatusOr<std::unique_ptr<TcpStoreClient>> Connect(const std::string& host, int port,
+                                                           const std::string& secret,
+                                                           const StoreOptions& opts = {});
+  Status Set(const std::string& key, const std::string& value, const StoreOptions& opts) override;
+  StatusOr<std::string> Get(const std::string& key, const StoreOptions& opts) override;
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta, const StoreOptions& opts) override;
+  StatusOr<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                   const std::string& desired, const StoreOptions& opts) override;
+  Status Wait(const std::vector<std::string>& keys, const StoreOptions& opts) override;
+  StatusOr<bool> Check(const std::vector<std::string>& keys, const StoreOptions& opts) override;
+
+ private:
+  explicit TcpStoreClient(Fd fd, std::string where)
+      : fd_(std::move(fd)), where_(std::move(where)) {}
+  // Sends one request and reads the reply; `reply` gets the payload after the status byte.
+  Status Call(const std::string& request, std::string* reply, std::chrono::milliseconds wait,
+              const std::string& what);
+
+  std::mutex mu_;
+  Fd fd_;
+  std::string where_;
+};
+
+}  // namespace st::dist

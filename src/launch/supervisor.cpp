@@ -1,0 +1,313 @@
+#include "launch/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "dist/socket.h"
+
+extern char** environ;
+
+namespace st::launch {
+
+namespace {
+
+using dist::Fd;
+using Clock = std::chrono::steady_clock;
+
+// Signal handlers can only reach the supervisor through a global; it holds the write end of the
+// self-pipe of the RunWorkers call in progress (one at a time per process).
+std::atomic<int> g_signal_pipe{-1};
+
+void OnSignal(int sig) {
+  int fd = g_signal_pipe.load();
+  if (fd >= 0) {
+    unsigned char c = static_cast<unsigned char>(sig);
+    ssize_t rc = ::write(fd, &c, 1);
+    (void)rc;
+  }
+}
+
+// Installs the forwarding handlers for the lifetime of one RunWorkers call.
+class SignalForwarding {
+ public:
+  explicit SignalForwarding(int write_fd) {
+    g_signal_pipe = write_fd;
+    struct sigaction sa {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~SignalForwarding() {
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    g_signal_pipe = -1;
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[3];
+};
+
+struct Stream {
+  Fd fd;
+  std::string partial;
+  bool is_stderr = false;
+  std::string last_line;  // the last complete non-empty line (stderr: the worker's error)
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  std::string prefix;
+  Stream out, err;
+};
+
+// Builds envp: the parent's environment with `overrides` applied.
+std::vector<std::string> ChildEnv(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::map<std::string, std::string> m;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) m[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : overrides) m[k] = v;
+  std::vector<std::string> out;
+  for (const auto& [k, v] : m) out.push_back(k + "=" + v);
+  return out;
+}
+
+StatusOr<Child> Spawn(const WorkerSpec& w) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return IoError("pipe failed");
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return IoError("pipe failed");
+  }
+  // Everything the child needs is prepared before fork (no allocation after it).
+  std::vector<std::string> env = ChildEnv(w.env);
+  std::vector<char*> envp, argv;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = w.argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return IoError(StrCat("fork failed: ", std::strerror(errno)));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // its own process group, so that a kill reaches its children too
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(argv[0], argv.data(), envp.data());
+    const char msg[] = "slicetrain launch: exec failed\n";
+    ssize_t rc = ::write(2, msg, sizeof(msg) - 1);
+    (void)rc;
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  Child c;
+  c.rank = w.rank;
+  c.pid = pid;
+  c.running = true;
+  c.prefix = StrCat("(rank ", w.rank, " pid=", pid, " ip=", w.ip, ") ");
+  c.out.fd = Fd(out_pipe[0]);
+  c.err.fd = Fd(err_pipe[0]);
+  c.err.is_stderr = true;
+  return c;
+}
+
+void WriteAll(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t k = ::write(fd, s.data() + off, s.size() - off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return;
+    off += static_cast<size_t>(k);
+  }
+}
+
+// Emits complete lines (or everything on EOF), each prefixed when asked, in one write.
+void Drain(Stream& s, const std::string& prefix, bool prefix_it, bool eof) {
+  std::string out;
+  size_t start = 0;
+  for (;;) {
+    size_t nl = s.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    if (nl > start) s.last_line = s.partial.substr(start, nl - start);
+    if (prefix_it) out += prefix;
+    out.append(s.partial, start, nl - start + 1);
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+  if (eof && !s.partial.empty()) {
+    s.last_line = s.partial;
+    if (prefix_it) out += prefix;
+    out += s.partial + "\n";
+    s.partial.clear();
+  }
+  if (!out.empty()) WriteAll(s.is_stderr ? 2 : 1, out);
+}
+
+// Reads what `s` holds right now (without blocking) and emits its complete lines.
+void ReadAvailable(Stream& s, const std::string& prefix, bool prefix_it) {
+  while (s.fd.valid()) {
+    pollfd p{s.fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return;
+    char buf[65536];
+    ssize_t k = ::read(s.fd.get(), buf, sizeof(buf));
+    if (k > 0) {
+      s.partial.append(buf, static_cast<size_t>(k));
+      Drain(s, prefix, prefix_it, false);
+    } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
+      Drain(s, prefix, prefix_it, true);
+      s.fd.Reset();
+    }
+  }
+}
+
+}  // namespace
+
+SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const SupervisorOptions& opts) {
+  SupervisorResult result;
+  int sp[2];
+  if (::pipe2(sp, O_CLOEXEC | O_NONBLOCK) != 0) return {1, -1, "pipe failed"};
+  Fd sig_read(sp[0]), sig_write(sp[1]);
+  SignalForwarding forwarding(sig_write.get());
+
+  std::vector<Child> children;
+  auto kill_all = [&](int sig) {
+    for (auto& c : children)
+      if (c.running) ::kill(-c.pid, sig);
+  };
+  for (const auto& w : workers) {
+    auto c = Spawn(w);
+    if (!c.ok()) {
+      kill_all(SIGKILL);
+      result = {1, w.rank, c.status().message()};
+      break;
+    }
+    children.push_back(std::move(*c));
+  }
+
+  const auto start = Clock::now();
+  Clock::time_point all_exited_at;
+  bool killed_hard = false;
+  bool tearing_down = !result.message.empty();
+  Clock::time_point kill_deadline = tearing_down ? Clock::now() : Clock::time_point::max();
+  auto begin_teardown = [&](int failed_rank, std::string why, int code) {
+    if (tearing_down) return;
+    tearing_down = true;
+    result = {code, failed_rank, std::move(why)};
+    kill_all(SIGTERM);
+    kill_all(SIGCONT);
+    kill_deadline = Clock::now() + opts.grace;
+  };
+
+  for (;;) {
+    // Reap exited children.
+    int running = 0;
+    for (auto& c : children) {
+      if (!c.running) continue;
+      int status = 0;
+      pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r == c.pid) {
+        c.running = false;
+        // Make sure anything it left in its process group goes too.
+        ::kill(-c.pid, SIGKILL);
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && !tearing_down) {
+          // Its last words are already in the pipe: read them so the message can quote them.
+          ReadAvailable(c.out, c.prefix, opts.prefix_stdout);
+          ReadAvailable(c.err, c.prefix, opts.prefix_stderr);
+          std::string why = WIFEXITED(status) ? StrCat("worker rank ", c.rank, " (pid ", c.pid,
+                                                       ") exited with code ", WEXITSTATUS(status))
+                                              : StrCat("worker rank ", c.rank, " (pid ", c.pid,
+                                                       ") was killed by signal ", WTERMSIG(status),
+                                                       " (", strsignal(WTERMSIG(status)), ")");
+          // Quote the worker's own one-line error ("slicetrain <cmd>: error: <what>").
+          std::string last = c.err.last_line;
+          if (size_t at = last.find(": error: "); at != std::string::npos) last.erase(0, at + 9);
+          if (!last.empty()) why += ": " + last;
+          begin_teardown(c.rank, why, 1);
+        }
+      } else {
+        ++running;
+      }
+    }
+    // Gather the fds still open.
+    std::vector<pollfd> pfds;
+    std::vector<Stream*> streams;
+    std::vector<Child*> owners;
+    for (auto& c : children)
+      for (Stream* s : {&c.out, &c.err})
+        if (s->fd.valid()) {
+          pfds.push_back({s->fd.get(), POLLIN, 0});
+          streams.push_back(s);
+          owners.push_back(&c);
+        }
+    if (running == 0 && pfds.empty()) break;
+    // Pipes still held open by something the workers started: give them a second, then stop.
+    if (running == 0 && all_exited_at == Clock::time_point()) all_exited_at = Clock::now();
+    if (running == 0 && Clock::now() - all_exited_at > std::chrono::seconds(1)) break;
+    pfds.push_back({sig_read.get(), POLLIN, 0});
+    int rc = ::poll(pfds.data(), pfds.size(), 100);
+    if (rc < 0 && errno != EINTR) break;
+    for (size_t i = 0; i + 1 < pfds.size(); ++i) {
+      if (!pfds[i].revents) continue;
+      char buf[65536];
+      ssize_t k = ::read(pfds[i].fd, buf, sizeof(buf));
+      Stream& s = *streams[i];
+      const bool prefix_it = s.is_stderr ? opts.prefix_stderr : opts.prefix_stdout;
+      if (k > 0) {
+        s.partial.append(buf, static_cast<size_t>(k));
+        Drain(s, owners[i]->prefix, prefix_it, false);
+      } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
+        Drain(s, owners[i]->prefix, prefix_it, true);
+        s.fd.Reset();
+      }
+    }
+    if (pfds.back().revents) {
+      unsigned char sig = 0;
+      while (::read(sig_read.get(), &sig, 1) == 1) {
+        kill_all(sig);
+        begin_teardown(-1,
+                       StrCat("interrupted by signal ", static_cast<int>(sig), " (", strsignal(sig),
+                              "); workers stopped"),
+                       128 + sig);
+      }
+    }
+    if (!tearing_down && opts.timeout.count() > 0 && Clock::now() - start > opts.timeout)
+      begin_teardown(-1, StrCat("workers did not finish within ", opts.timeout.count(), " ms"), 1);
+    if (tearing_down && !killed_hard && Clock::now() > kill_deadline) {
+      kill_all(SIGKILL);
+      killed_hard = true;
+    }
+  }
+  // Nothing may outlive the supervisor.
+  kill_all(SIGKILL);
+  for (auto& c : children)
+    if (c.running) ::waitpid(c.pid, nullptr, 0);
+  return result;
+}
+
+}  // namespace st::launch

@@ -1,0 +1,142 @@
+#include "launch/worker.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "dist/gloo_process_group.h"
+#include "dist/socket.h"
+#include "kernels/cpu/ops_cpu.h"
+
+namespace st::launch {
+
+StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
+  if (!env.is_worker()) return InvalidArgument("not started as a worker (RANK is not set)");
+  std::unique_ptr<Worker> w(new Worker());
+  w->env_ = env;
+  detail::CheckContext() = StrCat("rank ", env.rank, ", ");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu::SetNumThreads(std::max(1, cores / std::max(1, env.local_world_size)));
+  if (!env.host_ip.empty()) {
+    w->host_ip_ = env.host_ip;
+  } else {
+    ST_ASSIGN_OR_RETURN(w->host_ip_, dist::LocalAddressFor(env.master_addr));
+  }
+  const auto timeout = std::chrono::milliseconds(std::max(env.collective_timeout_ms, 1000));
+  const std::string where = StrCat("rank ", env.rank, " (host ", w->host_ip_, ")");
+  if (env.rank == 0) {
+    auto server = dist::TcpStoreServer::Start("", env.master_port, env.secret);
+    if (!server.ok())
+      return server.status().WithContext(where + ": cannot serve the rendezvous store (is " +
+                                         std::to_string(env.master_port) + " free?)");
+    w->server_ = std::move(*server);
+  }
+  auto client =
+      dist::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {timeout});
+  if (!client.ok()) return client.status().WithContext(where);
+  w->store_ = std::shared_ptr<dist::Store>(std::move(*client));
+  dist::GlooOptions o;
+  o.hostname = w->host_ip_;
+  o.connect_timeout = timeout;
+  ST_ASSIGN_OR_RETURN(w->world_,
+                      dist::CreateGlooProcessGroup(w->store_, env.rank, env.world_size, o));
+  return w;
+}
+
+Status Worker::Shutdown() {
+  if (!store_) return Status::Ok();
+  const dist::StoreOptions o{std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000))};
+  world_.reset();
+  Status st = dist::StoreBarrier(*store_, "shutdown", env_.world_size, o);
+  if (st.ok()) {
+    if (env_.rank == 0) {
+      // Wait until every other rank has seen the barrier complete before the store goes away.
+      const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto n = store_->Add("shutdown/left", 0, o);
+        if (!n.ok() || *n >= env_.world_size - 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } else {
+      (void)store_->Add("shutdown/left", 1, o);
+    }
+  }
+  store_.reset();
+  server_.reset();
+  return st;
+}
+
+Worker::~Worker() {
+  world_.reset();
+  store_.reset();
+  server_.reset();
+}
+
+std::vector<WorkerSpec> PlanLocalWorkers(const LocalPlan& p) {
+  std::vector<WorkerSpec> out;
+  for (int i = 0; i < p.count; ++i) {
+    const int rank = p.first_rank + i;
+    WorkerSpec w;
+    w.rank = rank;
+    w.ip = p.host_ip;
+    w.argv = p.command;
+    w.env = {{"RANK", std::to_string(rank)},
+             {"WORLD_SIZE", std::to_string(p.world_size)},
+             {"LOCAL_RANK", std::to_string(rank % p.local_world_size)},
+             {"LOCAL_WORLD_SIZE", std::to_string(p.local_world_size)},
+             {"NODE_RANK", std::to_string(rank / p.local_world_size)},
+             {"NNODES", std::to_string(p.world_size / p.local_world_size)},
+             {"MASTER_ADDR", p.master_addr},
+             {"MASTER_PORT", std::to_string(p.master_port)},
+             {"SLICETRAIN_SECRET", p.secret},
+             {"SLICETRAIN_HOST_IP", p.host_ip},
+             {"SLICETRAIN_TIMEOUT_MS", std::to_string(p.collective_timeout_ms)},
+             {"OMP_NUM_THREADS", "1"}};
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& command,
+                     const LocalSliceOptions& opts, int* exit_code) {
+  LocalPlan plan;
+  plan.command = {SelfExecutable()};
+  plan.command.insert(plan.command.end(), command.begin(), command.end());
+  plan.world_size = topo.world_size();
+  plan.count = topo.world_size();
+  plan.local_world_size = topo.devices_per_host();
+  plan.nnodes = topo.hosts;
+  plan.master_addr = "127.0.0.1";
+  ST_ASSIGN_OR_RETURN(plan.master_port, dist::PickFreePort("127.0.0.1"));
+  plan.secret = NewSecret();
+  plan.host_ip = "127.0.0.1";
+  plan.collective_timeout_ms = opts.collective_timeout_ms;
+  SupervisorOptions so;
+  so.prefix_stdout = opts.prefix_stdout;
+  SupervisorResult r = RunWorkers(PlanLocalWorkers(plan), so);
+  *exit_code = r.exit_code;
+  if (r.exit_code != 0) return Internal(r.message);
+  return Status::Ok();
+}
+
+std::string NewSecret() {
+  std::ifstream f("/dev/urandom", std::ios::binary);
+  unsigned char b[16] = {};
+  f.read(reinterpret_cast<char*>(b), sizeof(b));
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
+}
+
+std::string SelfExecutable() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("slicetrain");
+}
+
+}  // namespace st::launch

@@ -1,0 +1,161 @@
+// Multi-host without a cluster: 4 Linux network namespaces joined by veth pairs to a bridge are
+// 4 hosts; on each, `slicetrain launch --nproc-per-node 4` starts 4 workers of the 4x4 slice from
+// the Kubernetes Indexed Job environment (JOB_COMPLETION_INDEX + SLICETRAIN_HOSTS). Needs root and
+// `ip netns`; skipped with a message otherwise. The namespaces are removed even on failure.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "proc_util.h"
+
+namespace st {
+namespace {
+
+using std::chrono::seconds;
+using testing::LinesWith;
+using testing::Proc;
+
+const std::string kBin = ST_BINARY;
+
+std::string IpTool() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
+    if (std::filesystem::exists(p)) return p;
+  return "";
+}
+
+// Appends its arguments (GCC 12 reports a false -Wrestrict on `"literal" + std::string`).
+template <typename... A>
+std::string Cat(const A&... a) {
+  std::string s;
+  (s.append(a), ...);
+  return s;
+}
+
+bool Sh(const std::string& cmd) {
+  return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// Owns the namespaces: "<tag>sw" holds the bridge, "<tag>h<i>" are the hosts at 10.231.0.<i+1>.
+class Namespaces {
+ public:
+  Namespaces(std::string ip, int hosts) : ip_(std::move(ip)), hosts_(hosts) {
+    tag_ = Cat("st", std::to_string(getpid() % 100000));
+    Remove();
+  }
+  ~Namespaces() { Remove(); }
+  Namespaces(const Namespaces&) = delete;
+  Namespaces& operator=(const Namespaces&) = delete;
+
+  std::string Host(int i) const { return Cat(tag_, "h", std::to_string(i)); }
+  static std::string Addr(int i) { return Cat("10.231.0.", std::to_string(i + 1)); }
+
+  // Returns "" on success, else the command that failed.
+  std::string Create() {
+    const std::string sw = tag_ + "sw";
+    std::vector<std::string> cmds = {ip_ + " netns add " + sw,
+                                     ip_ + " -n " + sw + " link add br0 type bridge",
+                                     ip_ + " -n " + sw + " link set br0 up"};
+    for (int i = 0; i < hosts_; ++i) {
+      const std::string h = Host(i), vh = tag_ + "v" + std::to_string(i),
+                        vs = tag_ + "s" + std::to_string(i);
+      for (const std::string& c :
+           {ip_ + " netns add " + h, ip_ + " link add " + vh + " type veth peer name " + vs,
+            ip_ + " link set " + vh + " netns " + h, ip_ + " link set " + vs + " netns " + sw,
+            ip_ + " -n " + sw + " link set " + vs + " master br0",
+            ip_ + " -n " + sw + " link set " + vs + " up",
+            ip_ + " -n " + h + " addr add " + Addr(i) + "/24 dev " + vh,
+            ip_ + " -n " + h + " link set " + vh + " up", ip_ + " -n " + h + " link set lo up"})
+        cmds.push_back(c);
+    }
+    for (const auto& c : cmds)
+      if (!Sh(c)) return c;
+    return "";
+  }
+
+ private:
+  void Remove() {
+    for (int i = 0; i < hosts_; ++i) {
+      Sh(ip_ + " netns del " + Host(i));
+      Sh(ip_ + " link del " + tag_ + "v" + std::to_string(i));  // if it never moved
+    }
+    Sh(ip_ + " netns del " + tag_ + "sw");
+  }
+  std::string ip_, tag_;
+  int hosts_;
+};
+
+TEST(MultiHost, FourNamespacesOfFourWorkersRunCollectives) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  const std::string ip = IpTool();
+  if (ip.empty()) GTEST_SKIP() << "iproute2 `ip` not found";
+  Namespaces ns(ip, 4);
+  const std::string failed = ns.Create();
+  if (!failed.empty()) GTEST_SKIP() << "`ip netns` unavailable here: `" << failed << "` failed";
+
+  std::string hosts;
+  for (int i = 0; i < 4; ++i) hosts = Cat(hosts, i ? "," : "", Namespaces::Addr(i));
+  std::vector<std::unique_ptr<Proc>> launchers;
+  for (int i = 0; i < 4; ++i)
+    launchers.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{ip, "netns", "exec", ns.Host(i), kBin, "launch",
+                                 "--nproc-per-node", "4", "--", "collectives", "--topology", "4x4"},
+        std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
+                                 Cat("SLICETRAIN_HOSTS=", hosts), "MASTER_PORT=29517",
+                                 "SLICETRAIN_SECRET=netns-test-secret",
+                                 "SLICETRAIN_TIMEOUT_MS=30000"}));
+  std::vector<int> rcs;
+  for (auto& l : launchers) rcs.push_back(l->Wait(seconds(90)));
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(rcs[i], 0) << "host " << i << ":\n" << launchers[i]->output();
+
+  // Host 0's launcher carries rank 0's report: 16 lines with each worker's own host address.
+  const std::string& out = launchers[0]->output();
+  for (int r = 0; r < 16; ++r) {
+    char want[160];
+    std::snprintf(want, sizeof(want),
+                  "Rank %2d (worker_id=%d, local_rank=%d, ip=%s): all_reduce_sum=[136.0, 136.0, "
+                  "136.0, 136.0]",
+                  r, r / 4, r % 4, Namespaces::Addr(r / 4).c_str());
+    EXPECT_EQ(LinesWith(out, want).size(), 1u) << want << "\n" << out;
+  }
+  EXPECT_EQ(LinesWith(out, "All 16 slicetrain ranks verified DTensor TP parity").size(), 1u) << out;
+  EXPECT_EQ(LinesWith(out, "(rank 0 pid=").size(), 17u) << out;
+  EXPECT_NE(out.find("ip=10.231.0.1) Rank  0"), std::string::npos);
+}
+
+TEST(MultiHost, LostHostTakesTheOthersDown) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  const std::string ip = IpTool();
+  if (ip.empty()) GTEST_SKIP() << "iproute2 `ip` not found";
+  Namespaces ns(ip, 2);
+  const std::string failed = ns.Create();
+  if (!failed.empty()) GTEST_SKIP() << "`ip netns` unavailable here: `" << failed << "` failed";
+  const std::string hosts = Cat(Namespaces::Addr(0), ",", Namespaces::Addr(1));
+  std::vector<std::unique_ptr<Proc>> launchers;
+  for (int i = 0; i < 2; ++i)
+    launchers.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{ip, "netns", "exec", ns.Host(i), kBin, "launch",
+                                 "--nproc-per-node", "2", "--", "allreduce-loop", "--iters",
+                                 "100000000", "--count", "4096", "--fail-rank", "3", "--fail-at",
+                                 "50"},
+        std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
+                                 Cat("SLICETRAIN_HOSTS=", hosts), "MASTER_PORT=29518",
+                                 "SLICETRAIN_SECRET=s", "SLICETRAIN_TIMEOUT_MS=5000"}));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc1 = launchers[1]->Wait(seconds(40));
+  const int rc0 = launchers[0]->Wait(seconds(40));
+  EXPECT_NE(rc1, 0);
+  EXPECT_NE(rc1, -1) << "host 1 hung";
+  EXPECT_NE(rc0, 0) << launchers[0]->output();
+  EXPECT_NE(rc0, -1) << "host 0 hung:\n" << launchers[0]->output();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(30));
+  EXPECT_NE(launchers[1]->output().find("worker rank 3"), std::string::npos)
+      << launchers[1]->output();
+}
+
+}  // namespace
+}  // namespace st
