@@ -19,6 +19,8 @@ int ReportError(const std::string& command, const Status& status);
 
 void RegisterInfoCommand(CLI::App& app, Context& ctx);
 void RegisterStepCommand(CLI::App& app, Context& ctx);
+void RegisterFinetuneCommand(CLI::App& app, Context& ctx);
+void RegisterEvaluateCommand(CLI::App& app, Context& ctx);
 void RegisterTokenizeCommand(CLI::App& app, Context& ctx);
 void RegisterDownloadCommand(CLI::App& app, Context& ctx);
 void RegisterLaunchCommand(CLI::App& app, Context& ctx);

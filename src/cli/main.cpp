@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   st::cli::Context ctx;
   st::cli::RegisterInfoCommand(app, ctx);
   st::cli::RegisterStepCommand(app, ctx);
+  st::cli::RegisterFinetuneCommand(app, ctx);
+  st::cli::RegisterEvaluateCommand(app, ctx);
   st::cli::RegisterTokenizeCommand(app, ctx);
   st::cli::RegisterDownloadCommand(app, ctx);
   st::cli::RegisterLaunchCommand(app, ctx);

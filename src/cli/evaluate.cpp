@@ -1,0 +1,99 @@
+// `slicetrain evaluate`: the loss and perplexity of a model (a checkpoint directory or a preset) on
+// an instruction data set, with the same tokenization, template and loss as `finetune`. One
+// process; how a user checks a checkpoint.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "data/collate.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "launch/worker.h"
+#include "model/gemma4.h"
+#include "model/load.h"
+
+namespace st::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EvaluateArgs {
+  std::string model_id, tokenizer, dataset, data_dir;
+  std::string split = "train[:1024]";
+  int64_t max_seq_len = 64, batch_size = 8;
+  bool json = false;
+};
+
+Status Run(const EvaluateArgs& a) {
+  if (a.max_seq_len < 2 || a.batch_size < 1)
+    return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
+  std::string data_dir = a.data_dir;
+  if (data_dir.empty()) {
+    const char* env = std::getenv("SLICETRAIN_DATA_DIR");
+    data_dir =
+        env ? env : (fs::path(launch::SelfExecutable()).parent_path() / ".." / "data").string();
+  }
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model_id, 42));
+  const std::string tok_path = !a.tokenizer.empty()           ? a.tokenizer
+                               : fs::is_directory(a.model_id) ? a.model_id
+                                                              : data_dir + "/tokenizer";
+  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tok_path));
+  if (tok.vocab_size() > m.config.vocab_size)
+    return InvalidArgument(StrCat("the tokenizer at ", tok_path, " has ", tok.vocab_size(),
+                                  " tokens but the model's vocabulary is ", m.config.vocab_size));
+  DatasetOptions dso;
+  dso.path = a.dataset.empty() ? data_dir + "/tiny_instruct/train.jsonl" : a.dataset;
+  dso.split = a.split;
+  ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
+  CollateOptions co;
+  co.max_seq_len = a.max_seq_len;
+  DatasetReport report;
+  ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
+  Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t start = 0; start < set.size(); start += a.batch_size) {
+    std::vector<int64_t> rows;
+    for (int64_t i = start; i < std::min(set.size(), start + a.batch_size); ++i) rows.push_back(i);
+    TokenBatch tb = Collate(set, rows);
+    std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
+    ForwardResult r = engine.Forward(
+        m.params.data(), Batch{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T});
+    loss_sum += r.loss_sum;
+    tokens += r.num_valid;
+  }
+  if (tokens == 0) return InvalidArgument("the data set has no tokens to evaluate");
+  const double loss = loss_sum / static_cast<double>(tokens);
+  if (a.json)
+    std::printf("{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld, \"examples\": %lld}\n",
+                loss, std::exp(loss), (long long)tokens, (long long)set.size());
+  else
+    std::printf("loss=%.4f perplexity=%.4f tokens=%lld\n", loss, std::exp(loss), (long long)tokens);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
+  auto a = std::make_shared<EvaluateArgs>();
+  auto* cmd = app.add_subcommand("evaluate", "Loss and perplexity of a checkpoint on a data set");
+  cmd->add_option("--model-id", a->model_id, "Checkpoint / HF model directory or preset")
+      ->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json / directory (default: the model's)");
+  cmd->add_option("--dataset", a->dataset, "Instruction data set (default: bundled)");
+  cmd->add_option("--dataset-split", a->split, "HF split syntax")->capture_default_str();
+  cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--batch-size", a->batch_size, "Sequences per forward pass")
+      ->capture_default_str();
+  cmd->add_option("--data-dir", a->data_dir, "Bundled data directory");
+  cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->callback([&ctx, a] {
+    Status st = Run(*a);
+    if (!st.ok()) ctx.exit_code = ReportError("evaluate", st);
+  });
+}
+
+}  // namespace st::cli

@@ -1,0 +1,190 @@
+// `slicetrain finetune`: the seed's ray_train_llm_finetune.py. Fully sharded fine-tuning of a
+// Gemma 4 causal LM on an instruction data set over every worker of the slice. Run without
+// `launch`, it spawns the whole slice as local CPU workers; under `launch` (or any launcher that
+// sets RANK/WORLD_SIZE/...) each process is one rank.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "launch/cluster_env.h"
+#include "launch/topology.h"
+#include "launch/worker.h"
+#include "train/trainer.h"
+
+namespace st::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct FinetuneArgs {
+  FinetuneOptions o;
+  int num_workers = 0;  // 0 = the topology's
+  int timeout_ms = 120000;
+};
+
+// The bundled data: --data-dir, else $SLICETRAIN_DATA_DIR, else data/ next to the build or the
+// install, else ./data.
+std::string ResolveDataDir(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("SLICETRAIN_DATA_DIR")) return env;
+  const fs::path exe = fs::path(launch::SelfExecutable()).parent_path();
+  for (const fs::path& p :
+       {exe / ".." / "data", exe / ".." / "share" / "slicetrain" / "data", fs::path("data")}) {
+    std::error_code ec;
+    if (fs::exists(p / "tiny_instruct" / "train.jsonl", ec))
+      return fs::weakly_canonical(p).string();
+  }
+  return "data";
+}
+
+std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
+  const FinetuneOptions& o = a.o;
+  auto s = [](auto v) { return std::to_string(v); };
+  char lr[32], wd[32], clip[32];
+  std::snprintf(lr, sizeof(lr), "%.17g", o.lr);
+  std::snprintf(wd, sizeof(wd), "%.17g", o.weight_decay);
+  std::snprintf(clip, sizeof(clip), "%.17g", o.max_grad_norm);
+  return {"finetune",
+          "--model-id",
+          o.model_id,
+          "--tokenizer",
+          o.tokenizer,
+          "--dataset",
+          o.dataset,
+          "--dataset-split",
+          o.dataset_split,
+          "--num-epochs",
+          s(o.num_epochs),
+          "--batch-size-per-device",
+          s(o.batch_size_per_device),
+          "--max-seq-len",
+          s(o.max_seq_len),
+          "--topology",
+          o.topology,
+          "--accelerator-type",
+          o.accelerator_type,
+          "--storage-path",
+          o.storage_path,
+          "--run-name",
+          o.run_name,
+          "--lr",
+          lr,
+          "--weight-decay",
+          wd,
+          "--max-grad-norm",
+          clip,
+          "--seed",
+          s(o.seed),
+          "--num-to-keep",
+          s(o.num_to_keep),
+          "--fsdp-units",
+          o.fsdp_units,
+          "--freeze",
+          o.freeze,
+          "--data-dir",
+          o.data_dir,
+          "--timeout-ms",
+          s(a.timeout_ms)};
+}
+
+Status Run(FinetuneArgs& a, int* exit_code) {
+  ST_ASSIGN_OR_RETURN(launch::Topology topo,
+                      launch::ResolveTopology(a.o.accelerator_type, a.o.topology));
+  if (a.num_workers != 0 && a.num_workers != topo.world_size())
+    return InvalidArgument(
+        StrCat("--num-workers ", a.num_workers, " contradicts ", topo.ToString()));
+  a.o.data_dir = ResolveDataDir(a.o.data_dir);
+  if (a.o.storage_path.empty()) {
+    const char* env = std::getenv("STORAGE_PATH");
+    a.o.storage_path = env ? env : "runs";
+  }
+  if (a.o.run_name.empty())
+    a.o.run_name = StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr));
+  ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
+                      launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
+  if (!env.is_worker()) {
+    std::printf(
+        "Starting slicetrain FSDP SFT job: model=%s, topology=%s, accelerator_type=%s, "
+        "num_workers=%d\n",
+        a.o.model_id.c_str(), topo.shape.c_str(), topo.accelerator_type.c_str(), topo.world_size());
+    std::fflush(stdout);
+    launch::LocalSliceOptions lo;
+    lo.collective_timeout_ms = a.timeout_ms;
+    return launch::RunLocalSlice(topo, WorkerCommand(a), lo, exit_code);
+  }
+  ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
+  ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
+  ST_RETURN_IF_ERROR(RunFinetune(a.o, worker->world(), worker->collective()));
+  return worker->Shutdown();
+}
+
+}  // namespace
+
+void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
+  auto a = std::make_shared<FinetuneArgs>();
+  FinetuneOptions& o = a->o;
+  auto* cmd = app.add_subcommand(
+      "finetune", "Fully sharded (FSDP) fine-tuning of a Gemma 4 causal LM (the seed's job 2)");
+  cmd->add_option("--model-id", o.model_id,
+                  "Preset (gemma4-tiny, gemma4-small) or local HF model directory")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json / directory (default: the model's, else the bundled one)");
+  cmd->add_option("--dataset", o.dataset,
+                  "Instruction data set: .jsonl/.json file or directory (default: bundled)");
+  cmd->add_option("--dataset-split", o.dataset_split,
+                  "HF split syntax: train, train[:1024], train[:10%]...")
+      ->capture_default_str();
+  cmd->add_option("--num-epochs", o.num_epochs, "Epochs")->capture_default_str();
+  cmd->add_option("--batch-size-per-device", o.batch_size_per_device,
+                  "Sequences per worker per step")
+      ->capture_default_str();
+  cmd->add_option("--max-seq-len", o.max_seq_len,
+                  "Tokens per sequence (truncate/pad); the seed uses 512")
+      ->capture_default_str();
+  cmd->add_option("--num-workers", a->num_workers,
+                  "Total workers (must match the topology; 0 = the topology's)");
+  cmd->add_option("--topology", o.topology, "Slice shape (CPU: D or HxD; TPU-V6E: 4x4 ...)")
+      ->capture_default_str();
+  cmd->add_option("--accelerator-type", o.accelerator_type, "CPU, TPU-V6E, TPU-V7X, GPU-<name>")
+      ->capture_default_str();
+  cmd->add_option("--storage-path", o.storage_path,
+                  "Where runs and checkpoints go (default: $STORAGE_PATH, else ./runs)");
+  cmd->add_option("--run-name", o.run_name,
+                  "Run directory name (default: slicetrain_gemma4_fsdp_sft_<time>)");
+  cmd->add_option(
+      "--lr", o.lr,
+      "AdamW learning rate (default: 2e-5 for a checkpoint, 1e-3 for a preset from scratch)");
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
+  cmd->add_option("--max-grad-norm", o.max_grad_norm,
+                  "Clip gradients to this global norm (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the preset's initialisation and the data order")
+      ->capture_default_str();
+  cmd->add_option("--num-to-keep", o.num_to_keep, "Checkpoints kept (best by loss)")
+      ->capture_default_str();
+  cmd->add_option("--fsdp-units", o.fsdp_units,
+                  "mlp (each layer's MLP is a unit, as the seed) or layer")
+      ->capture_default_str();
+  cmd->add_option("--freeze", o.freeze, "Regex of tensor names to freeze (replicated, no gradient)")
+      ->capture_default_str();
+  cmd->add_option("--data-dir", o.data_dir,
+                  "Bundled data directory (default: found next to the binary)");
+  cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")
+      ->capture_default_str();
+  cmd->callback([&ctx, a] {
+    int code = 0;
+    Status st = Run(*a, &code);
+    if (!st.ok()) {
+      const int rc = ReportError("finetune", st);
+      ctx.exit_code = code != 0 ? code : rc;
+    } else if (code != 0) {
+      ctx.exit_code = code;
+    }
+  });
+}
+
+}  // namespace st::cli

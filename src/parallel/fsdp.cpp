@@ -1,0 +1,302 @@
+#include "parallel/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace st {
+
+namespace {
+constexpr int64_t kAlign = 16;  // floats: every tensor of a gathered unit starts on a cache line
+int64_t AlignUp(int64_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+}  // namespace
+
+FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::ProcessGroup& pg,
+                     std::vector<bool> trainable, const FsdpOptions& options)
+    : cfg_(cfg), reg_(reg), pg_(pg), trainable_(std::move(trainable)), options_(options) {
+  ST_CHECK(static_cast<int>(trainable_.size()) == reg.layout.size())
+      << "trainable has the wrong size";
+  ST_CHECK(options.param_dtype == DType::kF32 || options.param_dtype == DType::kBF16)
+      << "FSDP gathers parameters in f32 or bf16";
+  const int64_t L = cfg.num_hidden_layers, W = pg.size();
+  units_.resize(L + 1);
+  // Which unit each trainable entry belongs to.
+  std::vector<int> unit_of(reg.layout.size(), 0);
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerParams& lp = reg.layers[l];
+    if (options.units == FsdpUnitMode::kMlp) {
+      for (int idx : {lp.gate_proj, lp.up_proj, lp.down_proj}) unit_of[idx] = UnitOfLayer(l);
+    } else {
+      const std::string prefix = "layers." + std::to_string(l) + ".";
+      for (int i = 0; i < reg.layout.size(); ++i)
+        if (reg.layout.entry(i).name.rfind(prefix, 0) == 0) unit_of[i] = UnitOfLayer(l);
+    }
+  }
+  int64_t replica_total = 0;
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (!trainable_[i]) {
+      replica_total += AlignUp(reg.layout.entry(i).numel);
+      continue;
+    }
+    Unit& u = units_[unit_of[i]];
+    u.entries.push_back(i);
+    u.flat_offset.push_back(u.total);
+    u.total += AlignUp(reg.layout.entry(i).numel);
+  }
+  int64_t max_slot = 0;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    u.shard = (u.total + W - 1) / W;
+    u.shard_offset = shard_total_;
+    shard_total_ += u.shard;
+    if (k > 0) max_slot = std::max(max_slot, u.shard * W);
+  }
+  master_.assign(shard_total_, 0.0f);
+  grad_.assign(shard_total_, 0.0f);
+  exp_avg_.assign(shard_total_, 0.0f);
+  exp_avg_sq_.assign(shard_total_, 0.0f);
+  replica_.assign(replica_total, 0.0f);
+
+  auto size_slot = [&](Slot& s, int64_t full) {
+    s.params = AlignedBuffer(full);
+    s.grads = AlignedBuffer(full);
+    if (options_.param_dtype == DType::kBF16) {
+      s.send_bf16.resize(full / W);
+      s.recv_bf16.resize(full);
+    }
+    s.reduced.resize(full / W);
+  };
+  size_slot(root_, units_[0].shard * W);
+  for (Slot& s : slots_) size_slot(s, max_slot);
+
+  // The table: replicated tensors point into replica_, unit tensors into their slot when gathered.
+  table_.param.assign(reg.layout.size(), nullptr);
+  table_.grad.assign(reg.layout.size(), nullptr);
+  int64_t off = 0;
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (trainable_[i]) continue;
+    table_.param[i] = replica_.data() + off;
+    off += AlignUp(reg.layout.entry(i).numel);
+  }
+}
+
+FsdpModel::~FsdpModel() {
+  for (Slot* s : {&root_, &slots_[0], &slots_[1]}) {
+    if (s->gather.valid()) s->gather.wait();
+    if (s->reduce.valid()) s->reduce.wait();
+  }
+}
+
+void FsdpModel::LoadFull(const float* full) {
+  const int r = pg_.rank();
+  std::vector<float> flat;
+  for (const Unit& u : units_) {
+    flat.assign(u.shard * pg_.size(), 0.0f);
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const ArenaEntry& e = reg_.layout.entry(u.entries[k]);
+      std::memcpy(flat.data() + u.flat_offset[k], full + e.offset, e.numel * sizeof(float));
+    }
+    std::memcpy(master_.data() + u.shard_offset, flat.data() + r * u.shard,
+                u.shard * sizeof(float));
+  }
+  for (int i = 0; i < reg_.layout.size(); ++i) {
+    if (trainable_[i]) continue;
+    const ArenaEntry& e = reg_.layout.entry(i);
+    std::memcpy(const_cast<float*>(table_.param[i]), full + e.offset, e.numel * sizeof(float));
+  }
+  root_.unit = slots_[0].unit = slots_[1].unit = -1;  // gathered copies are stale
+}
+
+Status FsdpModel::GatherFull(float* full) {
+  std::vector<float> gathered;
+  for (const Unit& u : units_) {
+    if (u.total == 0) continue;
+    gathered.resize(u.shard * pg_.size());
+    ST_RETURN_IF_ERROR(pg_.AllGather(master_.data() + u.shard_offset, gathered.data(), u.shard,
+                                     DType::kF32, options_.collective));
+    for (size_t k = 0; k < u.entries.size(); ++k) {
+      const ArenaEntry& e = reg_.layout.entry(u.entries[k]);
+      std::memcpy(full + e.offset, gathered.data() + u.flat_offset[k], e.numel * sizeof(float));
+    }
+  }
+  for (int i = 0; i < reg_.layout.size(); ++i) {
+    if (trainable_[i]) continue;
+    const ArenaEntry& e = reg_.layout.entry(i);
+    std::memcpy(full + e.offset, table_.param[i], e.numel * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status FsdpModel::Gather(int unit, Slot& slot) {
+  const Unit& u = units_[unit];
+  const float* shard = master_.data() + u.shard_offset;
+  if (options_.param_dtype == DType::kBF16) {
+    // Parameters travel and compute as bf16 values (MixedPrecisionPolicy(param_dtype=bf16)).
+    ConvertFromF32(DType::kBF16, shard, slot.send_bf16.data(), u.shard);
+    ST_RETURN_IF_ERROR(pg_.AllGather(slot.send_bf16.data(), slot.recv_bf16.data(), u.shard,
+                                     DType::kBF16, options_.collective));
+    ConvertToF32(DType::kBF16, slot.recv_bf16.data(), slot.params.data(), u.shard * pg_.size());
+  } else {
+    ST_RETURN_IF_ERROR(
+        pg_.AllGather(shard, slot.params.data(), u.shard, DType::kF32, options_.collective));
+  }
+  return Status::Ok();
+}
+
+void FsdpModel::Record(const Status& s) {
+  if (!s.ok() && status_.ok()) status_ = s;
+}
+
+void FsdpModel::Wait(std::future<Status>& f) {
+  if (f.valid()) Record(f.get());
+}
+
+void FsdpModel::SubmitGather(int unit) {
+  if (unit < 0 || unit >= num_units() || units_[unit].total == 0) return;
+  Slot& slot = SlotOf(unit);
+  if (slot.unit == unit) return;  // already there or on its way
+  Wait(slot.gather);
+  slot.unit = unit;
+  if (!status_.ok()) return;  // a collective failed this step: issue no more
+  slot.gather = comm_.Submit([this, unit, &slot] { return Gather(unit, slot); });
+}
+
+void FsdpModel::AwaitParams(int unit) {
+  const Unit& u = units_[unit];
+  if (u.total == 0) return;
+  Slot& slot = SlotOf(unit);
+  SubmitGather(unit);
+  Wait(slot.gather);
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    table_.param[u.entries[k]] = slot.params.data() + u.flat_offset[k];
+}
+
+void FsdpModel::BeforeForward(int64_t layer, Part part) {
+  if (!Handles(part)) return;
+  const int unit = UnitOfLayer(layer);
+  AwaitParams(unit);
+  if (options_.prefetch) SubmitGather(unit + 1);
+}
+
+void FsdpModel::BeforeBackward(int64_t layer, Part part) {
+  if (!Handles(part)) return;
+  const int unit = UnitOfLayer(layer);
+  const Unit& u = units_[unit];
+  if (u.total == 0) return;
+  AwaitParams(unit);
+  Slot& slot = SlotOf(unit);
+  Wait(slot.reduce);  // the slot's previous reduce-scatter must be done with its grads
+  std::memset(slot.grads.data(), 0, static_cast<size_t>(u.shard * pg_.size()) * sizeof(float));
+  for (size_t k = 0; k < u.entries.size(); ++k)
+    table_.grad[u.entries[k]] = slot.grads.data() + u.flat_offset[k];
+  if (options_.prefetch && unit - 1 >= 1) SubmitGather(unit - 1);
+}
+
+void FsdpModel::AfterBackward(int64_t layer, Part part) {
+  if (!Handles(part)) return;
+  const int unit = UnitOfLayer(layer);
+  const Unit& u = units_[unit];
+  if (u.total == 0) return;
+  Slot& slot = SlotOf(unit);
+  if (!status_.ok()) return;
+  slot.reduce = comm_.Submit([this, &u, &slot] {
+    ST_RETURN_IF_ERROR(pg_.ReduceScatter(slot.grads.data(), slot.reduced.data(), u.shard,
+                                         DType::kF32, dist::ReduceOp::kAvg, options_.collective));
+    float* g = grad_.data() + u.shard_offset;
+    for (int64_t j = 0; j < u.shard; ++j) g[j] += slot.reduced[j];
+    return Status::Ok();
+  });
+}
+
+StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const Batch& batch) {
+  status_ = Status::Ok();
+  // The global count of valid targets (labels shifted by one), for the loss mean over all ranks.
+  int64_t local = 0;
+  for (int64_t b = 0; b < batch.B; ++b)
+    for (int64_t t = 1; t < batch.T; ++t) local += batch.labels[b * batch.T + t] != -100;
+  float count = static_cast<float>(local);
+  std::future<Status> counted = comm_.Submit([this, &count] {
+    return pg_.AllReduce(&count, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+  });
+  // Root parameters for the whole step, then the first unit on its way.
+  const Unit& root = units_[0];
+  SubmitGather(0);
+  Wait(counted);
+  AwaitParams(0);
+  if (options_.prefetch) SubmitGather(1);
+  if (!status_.ok()) return status_;
+
+  ForwardResult r = engine.Forward(table_, batch, this);
+  if (!status_.ok()) return status_;
+  const int64_t global = static_cast<int64_t>(std::llround(count));
+  // Reduce-scatter averages over ranks, so scale by W / global: the sum over ranks of the averaged
+  // gradients is then (1 / global) x the gradient of the summed loss.
+  const float grad_scale =
+      global > 0 ? static_cast<float>(pg_.size()) / static_cast<float>(global) : 0.0f;
+
+  std::memset(root_.grads.data(), 0, static_cast<size_t>(root.shard * pg_.size()) * sizeof(float));
+  for (size_t k = 0; k < root.entries.size(); ++k)
+    table_.grad[root.entries[k]] = root_.grads.data() + root.flat_offset[k];
+  if (options_.prefetch) SubmitGather(num_units() - 1);
+  engine.Backward(table_, batch, grad_scale, this);
+  for (Slot& s : slots_) Wait(s.reduce);
+  if (status_.ok() && root.total > 0) {
+    Status s = comm_
+                   .Submit([this, &root] {
+                     ST_RETURN_IF_ERROR(
+                         pg_.ReduceScatter(root_.grads.data(), root_.reduced.data(), root.shard,
+                                           DType::kF32, dist::ReduceOp::kAvg, options_.collective));
+                     float* g = grad_.data() + root.shard_offset;
+                     for (int64_t j = 0; j < root.shard; ++j) g[j] += root_.reduced[j];
+                     return Status::Ok();
+                   })
+                   .get();
+    Record(s);
+  }
+  for (Slot& s : slots_) Wait(s.gather);
+  // The loss of the whole global batch: every rank's summed token losses.
+  float loss_sum = static_cast<float>(r.loss_sum);
+  if (status_.ok())
+    Record(comm_
+               .Submit([this, &loss_sum] {
+                 return pg_.AllReduce(&loss_sum, 1, DType::kF32, dist::ReduceOp::kSum,
+                                      options_.collective);
+               })
+               .get());
+  if (!status_.ok()) return status_;
+  r.loss_sum = loss_sum;
+  r.num_valid = global;
+  return r;
+}
+
+void FsdpModel::ZeroGrad() {
+  std::fill(grad_.begin(), grad_.end(), 0.0f);
+}
+
+StatusOr<double> FsdpModel::ClipGradNorm(double max_norm) {
+  // Padding elements of the shards are zero and stay zero, so they do not change the norm.
+  float sq = static_cast<float>(SumOfSquares(grad_.data(), shard_total_));
+  double total = sq;
+  if (pg_.size() > 1) {
+    ST_RETURN_IF_ERROR(
+        pg_.AllReduce(&sq, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective));
+    total = sq;
+  }
+  const double norm = std::sqrt(total);
+  if (max_norm > 0) {
+    const float coef = ClipCoefficient(norm, max_norm);
+    if (coef < 1.0f)
+      for (float& g : grad_) g *= coef;
+  }
+  return norm;
+}
+
+void FsdpModel::OptimizerStep(const AdamWConfig& cfg, int64_t step) {
+  AdamWStep(cfg, step, master_.data(), grad_.data(), exp_avg_.data(), exp_avg_sq_.data(),
+            shard_total_);
+  root_.unit = slots_[0].unit = slots_[1].unit = -1;  // gathered copies are now stale
+}
+
+}  // namespace st

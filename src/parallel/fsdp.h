@@ -1,0 +1,137 @@
+// Fully sharded data parallelism (FSDP2-style) for the Gemma 4 engine, one object per rank.
+//
+// Units: as the seed wraps them, each decoder layer's MLP is a unit and everything else trainable
+// is the root unit (FsdpUnitMode::kMlp), or one unit per decoder layer (kLayer). Each unit's
+// trainable tensors are flattened (16-float aligned) and split evenly over the ranks: a rank owns
+// one contiguous shard per unit of fp32 master weights, gradients and AdamW moments, so the
+// sharded state is 1/N of the model. Frozen tensors (the seed freezes embed_tokens_per_layer) and
+// buffers (layer_scalar) are replicated and get no gradient or optimizer state.
+//
+// A step: the root unit is all-gathered (param dtype, bf16 by default, as MixedPrecisionPolicy's
+// param_dtype) before the forward; every other unit is gathered just before the engine uses it
+// into one of two slots while the comm thread already gathers the next one (prefetch); the backward
+// gathers again (unless the unit is still in its slot) and reduce-scatters each unit's fp32
+// gradients (average over ranks, as reduce_dtype=float32) on the comm thread while the backward
+// goes on; the root's gradients are reduce-scattered at the end.
+//
+// Collective-order contract: every rank issues the same collectives in the same order, all of them
+// on the comm thread in submission order: count all-reduce, root gather, then per unit gathers and
+// reduce-scatters in layer order (forward) and reverse layer order (backward), root
+// reduce-scatter, loss all-reduce; ClipGradNorm adds one all-reduce, GatherFull one all-gather
+// per unit (both on the caller's thread, between steps).
+// The engine's unit hooks fire in the same order on every rank because every rank runs the same
+// model on the same shapes.
+#pragma once
+
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "dist/process_group.h"
+#include "model/gemma4.h"
+#include "train/adamw.h"
+
+namespace st {
+
+enum class FsdpUnitMode { kMlp, kLayer };
+
+struct FsdpOptions {
+  FsdpUnitMode units = FsdpUnitMode::kMlp;
+  DType param_dtype = DType::kBF16;  // the all-gather dtype (kF32 or kBF16)
+  bool prefetch = true;
+  dist::CollectiveOptions collective;
+};
+
+class FsdpModel : public ParamHooks {
+ public:
+  // trainable: per registry entry (false = frozen or buffer: replicated, no gradient).
+  FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::ProcessGroup& pg,
+            std::vector<bool> trainable, const FsdpOptions& options);
+  ~FsdpModel() override;
+  FsdpModel(const FsdpModel&) = delete;
+  FsdpModel& operator=(const FsdpModel&) = delete;
+
+  // Every rank passes the same full parameter arena (registry layout); a rank keeps its shards
+  // and the replicated tensors.
+  void LoadFull(const float* full);
+  // The full fp32 master parameters (registry layout) on every rank.
+  Status GatherFull(float* full);
+
+  // Forward and backward of this rank's micro-batch. The loss is the mean over the valid targets
+  // of all ranks' batches (their count is all-reduced first), so N ranks with a global batch give
+  // the gradients of one rank with the whole batch. Gradients are added to the gradient shards.
+  // Returns the global batch's loss sum and valid count (Loss() is the global mean).
+  StatusOr<ForwardResult> ForwardBackward(Gemma4Engine& engine, const Batch& batch);
+
+  void ZeroGrad();
+  // Global gradient norm over all shards (all-reduced); scales the gradients by
+  // min(1, max_norm / (norm + 1e-6)) when max_norm > 0. Returns the norm before clipping.
+  StatusOr<double> ClipGradNorm(double max_norm);
+  void OptimizerStep(const AdamWConfig& cfg, int64_t step);
+
+  // Sharded state, for checkpoints: master weights, gradients, AdamW moments ([shard_size()]).
+  int64_t shard_size() const { return shard_total_; }
+  float* master() { return master_.data(); }
+  float* grads() { return grad_.data(); }
+  float* exp_avg() { return exp_avg_.data(); }
+  float* exp_avg_sq() { return exp_avg_sq_.data(); }
+  // Bytes of the sharded state (master + grads + 2 moments) and of the replicated tensors.
+  size_t ShardedStateBytes() const { return static_cast<size_t>(shard_total_) * 4 * sizeof(float); }
+  size_t ReplicatedBytes() const { return static_cast<size_t>(replica_.size()) * sizeof(float); }
+  int num_units() const { return static_cast<int>(units_.size()); }
+
+  // ParamHooks: called by the engine.
+  void BeforeForward(int64_t layer, Part part) override;
+  void BeforeBackward(int64_t layer, Part part) override;
+  void AfterBackward(int64_t layer, Part part) override;
+
+ private:
+  struct Unit {
+    std::vector<int> entries;          // registry indices
+    std::vector<int64_t> flat_offset;  // offset of each entry in the unit's flat vector
+    int64_t total = 0;                 // flat length (aligned), before padding to the world size
+    int64_t shard = 0;                 // elements per rank
+    int64_t shard_offset = 0;          // where this rank's shard starts in master_/grad_/...
+  };
+  // Where a unit's gathered parameters and gradients live: root has its own buffers, layer units
+  // share two slots (layer l uses slot l % 2).
+  struct Slot {
+    AlignedBuffer params, grads;  // [world * shard]
+    std::vector<uint16_t> send_bf16, recv_bf16;
+    std::vector<float> reduced;  // [shard] reduce-scatter output
+    int unit = -1;               // unit whose parameters are in `params`
+    std::future<Status> gather, reduce;
+  };
+
+  bool Handles(Part part) const {
+    return (options_.units == FsdpUnitMode::kMlp) == (part == Part::kMlp);
+  }
+  int UnitOfLayer(int64_t layer) const { return static_cast<int>(layer) + 1; }
+  Slot& SlotOf(int unit) { return unit == 0 ? root_ : slots_[(unit - 1) % 2]; }
+  // Submits the all-gather of `unit` into its slot (no-op if already there or pending).
+  void SubmitGather(int unit);
+  // Waits for `unit`'s parameters and points the table at them.
+  void AwaitParams(int unit);
+  Status Gather(int unit, Slot& slot);
+  void Record(const Status& s);
+  void Wait(std::future<Status>& f);
+
+  const Gemma4Config& cfg_;
+  const ParamRegistry& reg_;
+  dist::ProcessGroup& pg_;
+  std::vector<bool> trainable_;
+  FsdpOptions options_;
+  std::vector<Unit> units_;  // [0] root, [l + 1] layer l's MLP or layer
+  int64_t shard_total_ = 0;
+  std::vector<float> master_, grad_, exp_avg_, exp_avg_sq_;  // [shard_total_]
+  std::vector<float> replica_;                               // frozen tensors and buffers
+  Slot root_;
+  Slot slots_[2];
+  ParamTable table_;
+  dist::CommThread comm_;
+  Status status_;  // first collective failure of the current step
+};
+
+}  // namespace st

@@ -1,0 +1,238 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/rng.h"
+#include "data/collate.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "io/hf_model.h"
+#include "model/gemma4.h"
+#include "model/load.h"
+#include "parallel/fsdp.h"
+#include "train/adamw.h"
+
+namespace st {
+
+namespace fs = std::filesystem;
+
+std::vector<std::vector<int64_t>> EpochBatches(int64_t n, int world, int rank, int64_t batch,
+                                               uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> perm(n);
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(epoch) + 1);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.Below(i + 1)]);
+  const int64_t total = (n + world - 1) / world * world;
+  for (int64_t i = n; i < total; ++i) perm.push_back(perm[i - n]);  // pad with the head
+  std::vector<int64_t> mine;
+  for (int64_t i = rank; i < total; i += world) mine.push_back(perm[i]);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t s = 0; s + batch <= static_cast<int64_t>(mine.size()); s += batch)
+    out.emplace_back(mine.begin() + s, mine.begin() + s + batch);
+  return out;
+}
+
+namespace {
+
+std::string TimeStamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d_%H-%M-%S", &tm);
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+      1000000;
+  return StrCat(buf, ".", std::string(6 - std::to_string(us).size(), '0'), us);
+}
+
+struct Checkpoint {
+  std::string path;
+  double loss;
+};
+
+// Writes the full model as a Hugging Face directory: temporary name, then rename (atomic commit).
+Status WriteCheckpoint(const std::string& dir, const LoadedModel& m, const float* params,
+                       const std::string& tokenizer_dir, const std::string& metrics_json) {
+  const std::string tmp = dir + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  ST_RETURN_IF_ERROR(SaveHfModel(tmp, m.config, m.registry, params, DType::kF32));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
+    const fs::path src = fs::path(tokenizer_dir) / f;
+    if (fs::exists(src, ec))
+      fs::copy_file(src, fs::path(tmp) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) return IoError(StrCat("cannot copy ", src.string(), " into ", tmp, ": ", ec.message()));
+  }
+  {
+    std::ofstream out(fs::path(tmp) / "metrics.json");
+    out << metrics_json << "\n";
+    if (!out) return IoError("cannot write " + tmp + "/metrics.json");
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) return IoError(StrCat("cannot commit checkpoint ", dir, ": ", ec.message()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                   const dist::CollectiveOptions& collective) {
+  const int rank = pg.rank(), world = pg.size();
+  if (o.num_epochs < 1 || o.batch_size_per_device < 1 || o.max_seq_len < 2)
+    return InvalidArgument(
+        "--num-epochs, --batch-size-per-device must be >= 1 and --max-seq-len >= 2");
+  if (o.fsdp_units != "mlp" && o.fsdp_units != "layer")
+    return InvalidArgument("--fsdp-units must be 'mlp' or 'layer', got '" + o.fsdp_units + "'");
+
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
+  const bool from_dir = fs::is_directory(o.model_id);
+  const std::string tokenizer_dir =
+      !o.tokenizer.empty() ? o.tokenizer : (from_dir ? o.model_id : o.data_dir + "/tokenizer");
+  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tokenizer_dir));
+  if (tok.vocab_size() > m.config.vocab_size)
+    return InvalidArgument(StrCat("the tokenizer at ", tokenizer_dir, " has ", tok.vocab_size(),
+                                  " tokens but the model's vocabulary is ", m.config.vocab_size));
+
+  DatasetOptions dso;
+  dso.path = o.dataset.empty() ? o.data_dir + "/tiny_instruct/train.jsonl" : o.dataset;
+  dso.split = o.dataset_split;
+  ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
+  CollateOptions co;
+  co.max_seq_len = o.max_seq_len;
+  DatasetReport report;
+  ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
+  const int64_t steps_per_epoch = static_cast<int64_t>(
+      EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, 0).size());
+  if (steps_per_epoch == 0)
+    return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
+                                  " workers x --batch-size-per-device ", o.batch_size_per_device));
+
+  // Trainable tensors: everything but buffers and what --freeze matches.
+  std::vector<bool> trainable(m.registry.layout.size());
+  std::regex freeze;
+  try {
+    if (!o.freeze.empty()) freeze = std::regex(o.freeze);
+  } catch (const std::regex_error& e) {
+    return InvalidArgument("--freeze '" + o.freeze + "' is not a valid regular expression");
+  }
+  int64_t frozen = 0;
+  for (int i = 0; i < m.registry.layout.size(); ++i) {
+    const bool match =
+        !o.freeze.empty() && std::regex_search(m.registry.layout.entry(i).name, freeze);
+    trainable[i] = !m.registry.is_buffer[i] && !match;
+    if (match) frozen += m.registry.layout.entry(i).numel;
+  }
+
+  Gemma4Engine engine(m.config, o.batch_size_per_device, o.max_seq_len);
+  FsdpOptions fo;
+  fo.units = o.fsdp_units == "layer" ? FsdpUnitMode::kLayer : FsdpUnitMode::kMlp;
+  fo.collective = collective;
+  FsdpModel fsdp(m.config, m.registry, pg, trainable, fo);
+  fsdp.LoadFull(m.params.data());
+  AdamWConfig adam;
+  adam.lr = o.lr > 0 ? o.lr : (from_dir ? 2e-5 : 1e-3);
+  adam.weight_decay = o.weight_decay;
+
+  const std::string storage = o.storage_path.empty() ? "runs" : o.storage_path;
+  const std::string run_name =
+      o.run_name.empty() ? StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr)) : o.run_name;
+  if (run_name.find('/') != std::string::npos || run_name == "." || run_name == "..")
+    return InvalidArgument("--run-name must be a plain name, got '" + run_name + "'");
+  const std::string run_dir = (fs::path(storage) / run_name).string();
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec)
+      return IoError(StrCat("cannot create the run directory ", run_dir, ": ", ec.message(),
+                            " (check --storage-path)"));
+    std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", world);
+    std::printf(
+        "Data: %s; %lld examples of %lld tokens (%lld truncated); %lld steps per epoch of "
+        "%d x %lld; lr=%g; %.2f M trainable parameters, %.2f M frozen\n",
+        report.Summary().c_str(), (long long)set.size(), (long long)o.max_seq_len,
+        (long long)set.truncated, (long long)steps_per_epoch, world,
+        (long long)o.batch_size_per_device, adam.lr, (m.registry.layout.total() - frozen) / 1e6,
+        frozen / 1e6);
+    std::fflush(stdout);
+  }
+
+  std::vector<Checkpoint> kept;
+  std::vector<float> full(m.registry.layout.total());
+  std::string final_metrics, final_ckpt;
+  int64_t global_step = 0;
+  for (int64_t epoch = 0; epoch < o.num_epochs; ++epoch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto batches =
+        EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
+    double loss_total = 0;
+    int64_t real_tokens = 0;
+    for (const auto& rows : batches) {
+      TokenBatch tb = Collate(set, rows);
+      std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
+      const Batch b{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T};
+      for (uint8_t v : mask) real_tokens += v;
+      fsdp.ZeroGrad();
+      ST_ASSIGN_OR_RETURN(ForwardResult r, fsdp.ForwardBackward(engine, b));
+      if (o.max_grad_norm > 0) ST_RETURN_IF_ERROR(fsdp.ClipGradNorm(o.max_grad_norm).status());
+      fsdp.OptimizerStep(adam, ++global_step);
+      loss_total += r.Loss();
+    }
+    float real = static_cast<float>(real_tokens);
+    ST_RETURN_IF_ERROR(pg.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective));
+    const double epoch_time =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double loss = loss_total / static_cast<double>(batches.size());
+    const double tokens_per_s = static_cast<double>(batches.size()) * o.batch_size_per_device *
+                                world * o.max_seq_len / epoch_time;
+    char metrics[256];
+    std::snprintf(metrics, sizeof(metrics),
+                  "{'epoch': %lld, 'loss': %.4f, 'epoch_time_s': %.2f, 'tokens_per_s': %.1f}",
+                  (long long)(epoch + 1), std::round(loss * 1e4) / 1e4, epoch_time, tokens_per_s);
+    if (rank == 0) {
+      std::printf(
+          "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f\n",
+          (long long)(epoch + 1), (long long)o.num_epochs, loss, epoch_time, tokens_per_s,
+          real / epoch_time);
+      std::fflush(stdout);
+    }
+    // Checkpoint: the full state on every rank (collective), written by rank 0.
+    ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
+    if (rank == 0) {
+      const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
+      char json[256];
+      std::snprintf(
+          json, sizeof(json),
+          "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
+          (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
+      ST_RETURN_IF_ERROR(WriteCheckpoint(dir, m, full.data(), tokenizer_dir, json));
+      std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
+      std::fflush(stdout);
+      kept.push_back({dir, loss});
+      // Keep the best --num-to-keep by loss (lowest first), like CheckpointConfig(score=loss, min).
+      std::sort(kept.begin(), kept.end(),
+                [](const Checkpoint& a, const Checkpoint& b) { return a.loss < b.loss; });
+      while (static_cast<int>(kept.size()) > std::max(1, o.num_to_keep)) {
+        std::error_code ec;
+        fs::remove_all(kept.back().path, ec);
+        kept.pop_back();
+      }
+    }
+    final_metrics = metrics;
+  }
+  if (rank == 0) {
+    std::printf("Training completed! Final metrics: %s\n", final_metrics.c_str());
+    std::printf("Saved checkpoint: %s\n", kept.empty() ? "(none)" : kept.front().path.c_str());
+    std::fflush(stdout);
+  }
+  return Status::Ok();
+}
+
+}  // namespace st

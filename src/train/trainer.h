@@ -1,0 +1,49 @@
+// The `finetune` job on one rank: the seed's ray_train_llm_finetune.py train_func. Loads the model
+// and tokenizer, tokenizes the instruction data set, shards parameters with FSDP over the world
+// group, runs epochs of AdamW steps over a DistributedSampler-style data order, prints the seed's
+// per-epoch lines on rank 0 and writes a Hugging Face checkpoint per epoch (best kept).
+// Not yet: resume from a checkpoint, per-rank optimizer shards, recovery from lost workers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "dist/process_group.h"
+
+namespace st {
+
+struct FinetuneOptions {
+  std::string model_id = "gemma4-tiny";
+  std::string tokenizer;  // "" = the model directory's, else the bundled one
+  std::string dataset;    // "" = the bundled instruction set
+  std::string dataset_split = "train[:1024]";
+  int64_t num_epochs = 3;
+  int64_t batch_size_per_device = 4;
+  int64_t max_seq_len = 64;
+  std::string topology = "2";
+  std::string accelerator_type = "CPU";
+  std::string storage_path;  // "" = $STORAGE_PATH, else ./runs
+  std::string run_name;      // "" = slicetrain_gemma4_fsdp_sft_<unix time>
+  double lr = 0;             // 0 = 2e-5 for a checkpoint, 1e-3 for a preset trained from scratch
+  double weight_decay = 0.01;
+  double max_grad_norm = 0;  // 0 = no clipping
+  uint64_t seed = 42;
+  int num_to_keep = 1;
+  std::string fsdp_units = "mlp";                  // mlp | layer
+  std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
+  std::string data_dir;                            // where the bundled data lives
+};
+
+// Runs the job as `rank` of `pg` (every rank calls it with the same options).
+Status RunFinetune(const FinetuneOptions& options, dist::ProcessGroup& pg,
+                   const dist::CollectiveOptions& collective);
+
+// DistributedSampler(shuffle=True, drop_last=False) + DataLoader(drop_last=True): the example
+// indices of rank's batches in an epoch, reshuffled from (seed, epoch); the permutation is padded
+// with its head to a multiple of world, and the last partial batch is dropped.
+std::vector<std::vector<int64_t>> EpochBatches(int64_t num_examples, int world, int rank,
+                                               int64_t batch, uint64_t seed, int64_t epoch);
+
+}  // namespace st

@@ -1,0 +1,125 @@
+// The finetune job: the data order (DistributedSampler semantics) and the whole command end to end
+// through the binary (local workers, FSDP, seed lines, checkpoints that load back, evaluate).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "io/hf_model.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+namespace st {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(EpochBatches, EachEpochCoversEveryExampleOnceAcrossRanks) {
+  for (int world : {1, 2, 3, 4}) {
+    const int64_t n = 48, batch = 4;
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      std::multiset<int64_t> seen;
+      for (int r = 0; r < world; ++r)
+        for (const auto& b : EpochBatches(n, world, r, batch, 7, epoch)) {
+          EXPECT_EQ(static_cast<int64_t>(b.size()), batch);
+          seen.insert(b.begin(), b.end());
+        }
+      // 48 divides by every world * batch here: each example exactly once.
+      ASSERT_EQ(static_cast<int64_t>(seen.size()), n) << world << " ranks";
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen.count(i), 1u) << i;
+    }
+  }
+}
+
+TEST(EpochBatches, ReshuffledPerEpochAndDeterministic) {
+  EXPECT_EQ(EpochBatches(100, 2, 1, 8, 42, 3), EpochBatches(100, 2, 1, 8, 42, 3));
+  EXPECT_NE(EpochBatches(100, 2, 1, 8, 42, 0), EpochBatches(100, 2, 1, 8, 42, 1));
+  EXPECT_NE(EpochBatches(100, 2, 1, 8, 42, 0), EpochBatches(100, 2, 1, 8, 43, 0));
+}
+
+TEST(EpochBatches, PadsToTheWorldAndDropsThePartialBatch) {
+  // 10 examples over 3 ranks: padded to 12 (4 each), batches of 3: one batch each, 1 dropped.
+  for (int r = 0; r < 3; ++r) {
+    auto b = EpochBatches(10, 3, r, 3, 1, 0);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(b[0].size(), 3u);
+  }
+}
+
+struct Ran {
+  int code;
+  std::string out;
+};
+
+Ran RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf;
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
+  char tmpl[] = "/tmp/st_finetune_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string bin = ST_BINARY;
+  const Ran r =
+      RunCommand(bin + " finetune --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:64]'" +
+                 " --num-epochs 2 --batch-size-per-device 4 --max-seq-len 48 --topology 2" +
+                 " --storage-path " + dir + " --run-name t1 --num-to-keep 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("Starting slicetrain FSDP SFT job: model=gemma4-tiny, "
+                                          "topology=2, accelerator_type=CPU, num_workers=2")))
+      << r.out;
+  const std::regex epoch(
+      R"(Epoch (\d)/2 \| loss=(\d+\.\d{4}) \| epoch_time=\d+\.\d{2}s \| tokens/s=\d+\.\d)");
+  std::vector<double> losses;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), epoch);
+       it != std::sregex_iterator(); ++it)
+    losses.push_back(std::stod((*it)[2]));
+  ASSERT_EQ(losses.size(), 2u) << r.out;
+  EXPECT_LT(losses[1], losses[0]) << "the loss falls";
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex(R"(Training completed! Final metrics: \{'epoch': 2, 'loss': )")))
+      << r.out;
+  std::smatch saved;
+  ASSERT_TRUE(std::regex_search(r.out, saved, std::regex(R"(Saved checkpoint: (\S+))"))) << r.out;
+  const std::string ckpt = saved[1];
+  // num_to_keep 1: one checkpoint left, a loadable HF model directory.
+  int count = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/t1"))
+    count += e.path().filename().string().rfind("checkpoint_", 0) == 0;
+  EXPECT_EQ(count, 1);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "metrics.json"})
+    EXPECT_TRUE(fs::exists(ckpt + "/" + f)) << f;
+  auto cfg = LoadGemma4Config(ckpt + "/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const Ran e = RunCommand(
+      bin + " evaluate --json --model-id " + ckpt +
+      " --max-seq-len 48 --dataset-split 'train[:64]' --data-dir " ST_SOURCE_DIR "/data");
+  ASSERT_EQ(e.code, 0) << e.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(e.out, m, std::regex(R"(\"loss\": ([0-9.]+))"))) << e.out;
+  EXPECT_LT(std::stod(m[1]), 8.0) << "a trained checkpoint beats the untrained model (~9.0)";
+  fs::remove_all(dir);
+}
+
+TEST(Finetune, BadFlagsAreOneLineErrors) {
+  const std::string bin = ST_BINARY;
+  const Ran a = RunCommand(bin + " finetune --fsdp-units sideways --storage-path /tmp");
+  EXPECT_NE(a.code, 0);
+  EXPECT_NE(a.out.find("--fsdp-units must be 'mlp' or 'layer'"), std::string::npos) << a.out;
+  const Ran b = RunCommand(bin + " finetune --topology 3 --num-workers 2");
+  EXPECT_NE(b.code, 0);
+  EXPECT_NE(b.out.find("contradicts"), std::string::npos) << b.out;
+}
+
+}  // namespace
+}  // namespace st
