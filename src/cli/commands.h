@@ -14,6 +14,10 @@ struct Context {
   int exit_code = 0;
 };
 
+// The bundled data directory: `flag` if set, else $SLICETRAIN_DATA_DIR, else data/ next to the
+// build or the install (share/slicetrain/data), else ./data.
+std::string BundledDataDir(const std::string& flag);
+
 // Prints a failed Status as the one-line error of `command` and returns the exit code to use.
 int ReportError(const std::string& command, const Status& status);
 

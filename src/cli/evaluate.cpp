@@ -3,22 +3,15 @@
 // process; how a user checks a checkpoint.
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 
 #include "cli/commands.h"
-#include "data/collate.h"
-#include "data/dataset.h"
-#include "data/tokenizer.h"
-#include "launch/worker.h"
 #include "model/gemma4.h"
 #include "model/load.h"
+#include "train/trainer.h"
 
 namespace st::cli {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 struct EvaluateArgs {
   std::string model_id, tokenizer, dataset, data_dir;
@@ -30,28 +23,11 @@ struct EvaluateArgs {
 Status Run(const EvaluateArgs& a) {
   if (a.max_seq_len < 2 || a.batch_size < 1)
     return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
-  std::string data_dir = a.data_dir;
-  if (data_dir.empty()) {
-    const char* env = std::getenv("SLICETRAIN_DATA_DIR");
-    data_dir =
-        env ? env : (fs::path(launch::SelfExecutable()).parent_path() / ".." / "data").string();
-  }
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model_id, 42));
-  const std::string tok_path = !a.tokenizer.empty()           ? a.tokenizer
-                               : fs::is_directory(a.model_id) ? a.model_id
-                                                              : data_dir + "/tokenizer";
-  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tok_path));
-  if (tok.vocab_size() > m.config.vocab_size)
-    return InvalidArgument(StrCat("the tokenizer at ", tok_path, " has ", tok.vocab_size(),
-                                  " tokens but the model's vocabulary is ", m.config.vocab_size));
-  DatasetOptions dso;
-  dso.path = a.dataset.empty() ? data_dir + "/tiny_instruct/train.jsonl" : a.dataset;
-  dso.split = a.split;
-  ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
-  CollateOptions co;
-  co.max_seq_len = a.max_seq_len;
-  DatasetReport report;
-  ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
+  ST_ASSIGN_OR_RETURN(InstructionData data,
+                      LoadInstructionData(m.config, a.model_id, a.tokenizer, a.dataset, a.split,
+                                          a.max_seq_len, BundledDataDir(a.data_dir)));
+  const TokenizedSet& set = data.examples;
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);
   double loss_sum = 0;
   int64_t tokens = 0;

@@ -4,7 +4,6 @@
 // sets RANK/WORLD_SIZE/...) each process is one rank.
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 
 #include "cli/commands.h"
 #include "launch/cluster_env.h"
@@ -16,28 +15,11 @@ namespace st::cli {
 
 namespace {
 
-namespace fs = std::filesystem;
-
 struct FinetuneArgs {
   FinetuneOptions o;
   int num_workers = 0;  // 0 = the topology's
   int timeout_ms = 120000;
 };
-
-// The bundled data: --data-dir, else $SLICETRAIN_DATA_DIR, else data/ next to the build or the
-// install, else ./data.
-std::string ResolveDataDir(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (const char* env = std::getenv("SLICETRAIN_DATA_DIR")) return env;
-  const fs::path exe = fs::path(launch::SelfExecutable()).parent_path();
-  for (const fs::path& p :
-       {exe / ".." / "data", exe / ".." / "share" / "slicetrain" / "data", fs::path("data")}) {
-    std::error_code ec;
-    if (fs::exists(p / "tiny_instruct" / "train.jsonl", ec))
-      return fs::weakly_canonical(p).string();
-  }
-  return "data";
-}
 
 std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   const FinetuneOptions& o = a.o;
@@ -95,7 +77,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   if (a.num_workers != 0 && a.num_workers != topo.world_size())
     return InvalidArgument(
         StrCat("--num-workers ", a.num_workers, " contradicts ", topo.ToString()));
-  a.o.data_dir = ResolveDataDir(a.o.data_dir);
+  a.o.data_dir = BundledDataDir(a.o.data_dir);
   if (a.o.storage_path.empty()) {
     const char* env = std::getenv("STORAGE_PATH");
     a.o.storage_path = env ? env : "runs";

@@ -1,9 +1,26 @@
 // slicetrain: distributed fine-tuning of Gemma 4 models on multi-host slices, in C++.
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include "cli/commands.h"
+#include "launch/worker.h"
 
 namespace st::cli {
+
+std::string BundledDataDir(const std::string& flag) {
+  namespace fs = std::filesystem;
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("SLICETRAIN_DATA_DIR")) return env;
+  const fs::path exe = fs::path(launch::SelfExecutable()).parent_path();
+  for (const fs::path& p :
+       {exe / ".." / "data", exe / ".." / "share" / "slicetrain" / "data", fs::path("data")}) {
+    std::error_code ec;
+    if (fs::exists(p / "tiny_instruct" / "train.jsonl", ec))
+      return fs::weakly_canonical(p).string();
+  }
+  return "data";
+}
 
 int ReportError(const std::string& command, const Status& status) {
   std::fprintf(stderr, "slicetrain %s: error: %s\n", command.c_str(), status.message().c_str());

@@ -83,6 +83,31 @@ Status WriteCheckpoint(const std::string& dir, const LoadedModel& m, const float
 
 }  // namespace
 
+StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
+                                              const std::string& model_id,
+                                              const std::string& tokenizer_flag,
+                                              const std::string& dataset_flag,
+                                              const std::string& split, int64_t max_seq_len,
+                                              const std::string& data_dir) {
+  std::error_code ec;
+  const std::string tok_dir = !tokenizer_flag.empty()          ? tokenizer_flag
+                              : fs::is_directory(model_id, ec) ? model_id
+                                                               : data_dir + "/tokenizer";
+  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tok_dir));
+  if (tok.vocab_size() > config.vocab_size)
+    return InvalidArgument(StrCat("the tokenizer at ", tok_dir, " has ", tok.vocab_size(),
+                                  " tokens but the model's vocabulary is ", config.vocab_size));
+  DatasetOptions dso;
+  dso.path = dataset_flag.empty() ? data_dir + "/tiny_instruct/train.jsonl" : dataset_flag;
+  dso.split = split;
+  ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
+  CollateOptions co;
+  co.max_seq_len = max_seq_len;
+  DatasetReport report;
+  ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
+  return InstructionData{tok_dir, std::move(tok), std::move(set), std::move(report)};
+}
+
 Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
                    const dist::CollectiveOptions& collective) {
   const int rank = pg.rank(), world = pg.size();
@@ -94,21 +119,12 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
 
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const bool from_dir = fs::is_directory(o.model_id);
-  const std::string tokenizer_dir =
-      !o.tokenizer.empty() ? o.tokenizer : (from_dir ? o.model_id : o.data_dir + "/tokenizer");
-  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tokenizer_dir));
-  if (tok.vocab_size() > m.config.vocab_size)
-    return InvalidArgument(StrCat("the tokenizer at ", tokenizer_dir, " has ", tok.vocab_size(),
-                                  " tokens but the model's vocabulary is ", m.config.vocab_size));
-
-  DatasetOptions dso;
-  dso.path = o.dataset.empty() ? o.data_dir + "/tiny_instruct/train.jsonl" : o.dataset;
-  dso.split = o.dataset_split;
-  ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
-  CollateOptions co;
-  co.max_seq_len = o.max_seq_len;
-  DatasetReport report;
-  ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
+  ST_ASSIGN_OR_RETURN(InstructionData data,
+                      LoadInstructionData(m.config, o.model_id, o.tokenizer, o.dataset,
+                                          o.dataset_split, o.max_seq_len, o.data_dir));
+  const TokenizedSet& set = data.examples;
+  const DatasetReport& report = data.report;
+  const std::string& tokenizer_dir = data.tokenizer_dir;
   const int64_t steps_per_epoch = static_cast<int64_t>(
       EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, 0).size());
   if (steps_per_epoch == 0)

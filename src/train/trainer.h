@@ -10,7 +10,11 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/collate.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "dist/process_group.h"
+#include "model/config.h"
 
 namespace st {
 
@@ -35,6 +39,23 @@ struct FinetuneOptions {
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   std::string data_dir;                            // where the bundled data lives
 };
+
+// The tokenized examples of a run, shared by finetune and evaluate: the tokenizer (tokenizer_flag,
+// else the model directory's, else the bundled one), checked against the model's vocabulary, and
+// the data set's split (dataset_flag, else the bundled set) formatted with the prompt template,
+// truncated and padded to max_seq_len.
+struct InstructionData {
+  std::string tokenizer_dir;
+  Tokenizer tokenizer;
+  TokenizedSet examples;
+  DatasetReport report;
+};
+StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
+                                              const std::string& model_id,
+                                              const std::string& tokenizer_flag,
+                                              const std::string& dataset_flag,
+                                              const std::string& split, int64_t max_seq_len,
+                                              const std::string& data_dir);
 
 // Runs the job as `rank` of `pg` (every rank calls it with the same options).
 Status RunFinetune(const FinetuneOptions& options, dist::ProcessGroup& pg,
