@@ -2,9 +2,12 @@
 // through the binary (local workers, FSDP, seed lines, checkpoints that load back, evaluate).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 #include <string>
@@ -108,6 +111,59 @@ TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(e.out, m, std::regex(R"(\"loss\": ([0-9.]+))"))) << e.out;
   EXPECT_LT(std::stod(m[1]), 8.0) << "a trained checkpoint beats the untrained model (~9.0)";
+  fs::remove_all(dir);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The newest checkpoint of a run directory (names sort by time).
+std::string Newest(const std::string& run) {
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(run))
+    if (e.path().filename().string().rfind("checkpoint_", 0) == 0)
+      dirs.push_back(e.path().string());
+  std::sort(dirs.begin(), dirs.end());
+  return dirs.empty() ? "" : dirs.back();
+}
+
+TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
+  char tmpl[] = "/tmp/st_resume_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string base = std::string(ST_BINARY) +
+                           " finetune --data-dir " ST_SOURCE_DIR
+                           "/data --dataset-split 'train[:32]' --max-seq-len 32 --topology 2"
+                           " --num-to-keep 5 --storage-path " +
+                           dir;
+  const Ran full = RunCommand(base + " --run-name full --num-epochs 3");
+  ASSERT_EQ(full.code, 0) << full.out;
+  const Ran first = RunCommand(base + " --run-name part --num-epochs 1");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const Ran rest = RunCommand(base + " --run-name part --num-epochs 3 --resume");
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  EXPECT_NE(rest.out.find("Resuming from "), std::string::npos) << rest.out;
+  EXPECT_EQ(rest.out.find("Epoch 1/3"), std::string::npos) << "epoch 1 ran again: " << rest.out;
+  // Bit-identical final weights: master weights, AdamW moments, step count and data order resumed.
+  const std::string a = ReadFile(Newest(dir + "/full") + "/model.safetensors");
+  const std::string b = ReadFile(Newest(dir + "/part") + "/model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the uninterrupted run's";
+
+  // A damaged newest checkpoint (a truncated shard) is reported and the previous one is used.
+  const std::string newest = Newest(dir + "/part");
+  fs::resize_file(newest + "/shards/rank_1.safetensors", 100);
+  const Ran again = RunCommand(base + " --run-name part --num-epochs 3 --resume");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("is damaged or incomplete"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("(epoch 2 done"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("Epoch 3/3"), std::string::npos) << again.out;
+
+  const Ran none = RunCommand(base + " --run-name never_ran --num-epochs 1 --resume");
+  EXPECT_NE(none.code, 0);
+  EXPECT_NE(none.out.find("no usable checkpoint"), std::string::npos) << none.out;
   fs::remove_all(dir);
 }
 

@@ -28,47 +28,49 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   std::snprintf(lr, sizeof(lr), "%.17g", o.lr);
   std::snprintf(wd, sizeof(wd), "%.17g", o.weight_decay);
   std::snprintf(clip, sizeof(clip), "%.17g", o.max_grad_norm);
-  return {"finetune",
-          "--model-id",
-          o.model_id,
-          "--tokenizer",
-          o.tokenizer,
-          "--dataset",
-          o.dataset,
-          "--dataset-split",
-          o.dataset_split,
-          "--num-epochs",
-          s(o.num_epochs),
-          "--batch-size-per-device",
-          s(o.batch_size_per_device),
-          "--max-seq-len",
-          s(o.max_seq_len),
-          "--topology",
-          o.topology,
-          "--accelerator-type",
-          o.accelerator_type,
-          "--storage-path",
-          o.storage_path,
-          "--run-name",
-          o.run_name,
-          "--lr",
-          lr,
-          "--weight-decay",
-          wd,
-          "--max-grad-norm",
-          clip,
-          "--seed",
-          s(o.seed),
-          "--num-to-keep",
-          s(o.num_to_keep),
-          "--fsdp-units",
-          o.fsdp_units,
-          "--freeze",
-          o.freeze,
-          "--data-dir",
-          o.data_dir,
-          "--timeout-ms",
-          s(a.timeout_ms)};
+  std::vector<std::string> cmd = {"finetune",
+                                  "--model-id",
+                                  o.model_id,
+                                  "--tokenizer",
+                                  o.tokenizer,
+                                  "--dataset",
+                                  o.dataset,
+                                  "--dataset-split",
+                                  o.dataset_split,
+                                  "--num-epochs",
+                                  s(o.num_epochs),
+                                  "--batch-size-per-device",
+                                  s(o.batch_size_per_device),
+                                  "--max-seq-len",
+                                  s(o.max_seq_len),
+                                  "--topology",
+                                  o.topology,
+                                  "--accelerator-type",
+                                  o.accelerator_type,
+                                  "--storage-path",
+                                  o.storage_path,
+                                  "--run-name",
+                                  o.run_name,
+                                  "--lr",
+                                  lr,
+                                  "--weight-decay",
+                                  wd,
+                                  "--max-grad-norm",
+                                  clip,
+                                  "--seed",
+                                  s(o.seed),
+                                  "--num-to-keep",
+                                  s(o.num_to_keep),
+                                  "--fsdp-units",
+                                  o.fsdp_units,
+                                  "--freeze",
+                                  o.freeze,
+                                  "--data-dir",
+                                  o.data_dir,
+                                  "--timeout-ms",
+                                  s(a.timeout_ms)};
+  if (o.resume) cmd.push_back("--resume");
+  return cmd;
 }
 
 Status Run(FinetuneArgs& a, int* exit_code) {
@@ -82,6 +84,8 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     const char* env = std::getenv("STORAGE_PATH");
     a.o.storage_path = env ? env : "runs";
   }
+  if (a.o.resume && a.o.run_name.empty())
+    return InvalidArgument("--resume needs --run-name: the name of the run to continue");
   if (a.o.run_name.empty())
     a.o.run_name = StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr));
   ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
@@ -155,6 +159,8 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir,
                   "Bundled data directory (default: found next to the binary)");
+  cmd->add_flag("--resume", o.resume,
+                "Continue the run --run-name from its latest good checkpoint (same workers)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")
       ->capture_default_str();
   cmd->callback([&ctx, a] {

@@ -70,6 +70,8 @@ class FsdpModel : public ParamHooks {
   // min(1, max_norm / (norm + 1e-6)) when max_norm > 0. Returns the norm before clipping.
   StatusOr<double> ClipGradNorm(double max_norm);
   void OptimizerStep(const AdamWConfig& cfg, int64_t step);
+  // Call after writing master() directly (a resumed checkpoint): gathered copies are stale.
+  void MasterChanged() { root_.unit = slots_[0].unit = slots_[1].unit = -1; }
 
   // Sharded state, for checkpoints: master weights, gradients, AdamW moments ([shard_size()]).
   int64_t shard_size() const { return shard_total_; }

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "core/rng.h"
@@ -13,6 +14,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/hf_model.h"
+#include "io/safetensors.h"
 #include "model/gemma4.h"
 #include "model/load.h"
 #include "parallel/fsdp.h"
@@ -58,26 +60,77 @@ struct Checkpoint {
   double loss;
 };
 
-// Writes the full model as a Hugging Face directory: temporary name, then rename (atomic commit).
-Status WriteCheckpoint(const std::string& dir, const LoadedModel& m, const float* params,
-                       const std::string& tokenizer_dir, const std::string& metrics_json) {
-  const std::string tmp = dir + ".tmp";
+// Rank 0's part of a checkpoint: the full model as a Hugging Face directory, the tokenizer files,
+// metrics.json and trainer_state.json, into `pending` (which already holds the ranks' shards),
+// then the rename that commits it.
+Status CommitCheckpoint(const std::string& pending, const std::string& dir, const LoadedModel& m,
+                        const float* params, const std::string& tokenizer_dir,
+                        const std::string& metrics_json, const std::string& state_json) {
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  ST_RETURN_IF_ERROR(SaveHfModel(tmp, m.config, m.registry, params, DType::kF32));
+  ST_RETURN_IF_ERROR(SaveHfModel(pending, m.config, m.registry, params, DType::kF32));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
     const fs::path src = fs::path(tokenizer_dir) / f;
     if (fs::exists(src, ec))
-      fs::copy_file(src, fs::path(tmp) / f, fs::copy_options::overwrite_existing, ec);
-    if (ec) return IoError(StrCat("cannot copy ", src.string(), " into ", tmp, ": ", ec.message()));
+      fs::copy_file(src, fs::path(pending) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return IoError(StrCat("cannot copy ", src.string(), " into ", pending, ": ", ec.message()));
   }
-  {
-    std::ofstream out(fs::path(tmp) / "metrics.json");
-    out << metrics_json << "\n";
-    if (!out) return IoError("cannot write " + tmp + "/metrics.json");
+  for (const auto& [name, text] :
+       {std::pair<const char*, const std::string*>{"metrics.json", &metrics_json},
+        {"trainer_state.json", &state_json}}) {
+    std::ofstream out(fs::path(pending) / name);
+    out << *text << "\n";
+    if (!out) return IoError(StrCat("cannot write ", pending, "/", name));
   }
-  fs::rename(tmp, dir, ec);
+  fs::rename(pending, dir, ec);
   if (ec) return IoError(StrCat("cannot commit checkpoint ", dir, ": ", ec.message()));
+  return Status::Ok();
+}
+
+std::string ShardPath(const std::string& ckpt, int rank) {
+  return (fs::path(ckpt) / "shards" / StrCat("rank_", rank, ".safetensors")).string();
+}
+
+struct ResumePoint {
+  std::string dir;
+  int64_t epoch = 0, global_step = 0;
+};
+
+// The run's committed checkpoints with their trainer state, newest epoch first.
+std::vector<std::pair<ResumePoint, double>> ListCheckpoints(const std::string& run_dir) {
+  std::vector<std::pair<ResumePoint, double>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint_", 0) != 0 || !e.is_directory()) continue;
+    std::ifstream in(e.path() / "trainer_state.json");
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("global_step") ||
+        !j["epoch"].is_number_integer() || !j["global_step"].is_number_integer())
+      continue;
+    out.push_back({{e.path().string(), j["epoch"].get<int64_t>(), j["global_step"].get<int64_t>()},
+                   j.value("loss", 0.0)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.first.epoch != b.first.epoch ? a.first.epoch > b.first.epoch
+                                          : a.first.dir > b.first.dir;
+  });
+  return out;
+}
+
+// This rank's shard of checkpoint `dir` into the FSDP state; any problem is a Status.
+Status LoadShard(const std::string& dir, FsdpModel& fsdp, int rank, int world) {
+  ST_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::Open(ShardPath(dir, rank)));
+  const auto& meta = f.metadata();
+  if (!meta.count("world_size") || meta.at("world_size") != std::to_string(world))
+    return InvalidArgument(
+        StrCat(dir, " was written by ", meta.count("world_size") ? meta.at("world_size") : "?",
+               " workers; resume with the same number of workers (", world, " now)"));
+  const Shape shape{fsdp.shard_size()};
+  ST_RETURN_IF_ERROR(f.ReadF32("master", fsdp.master(), shape));
+  ST_RETURN_IF_ERROR(f.ReadF32("exp_avg", fsdp.exp_avg(), shape));
+  ST_RETURN_IF_ERROR(f.ReadF32("exp_avg_sq", fsdp.exp_avg_sq(), shape));
+  fsdp.MasterChanged();
   return Status::Ok();
 }
 
@@ -180,11 +233,42 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     std::fflush(stdout);
   }
 
-  std::vector<Checkpoint> kept;
+  std::vector<Checkpoint> kept;  // rank 0's view of the run's checkpoints
   std::vector<float> full(m.registry.layout.total());
-  std::string final_metrics, final_ckpt;
-  int64_t global_step = 0;
-  for (int64_t epoch = 0; epoch < o.num_epochs; ++epoch) {
+  std::string final_metrics;
+  int64_t global_step = 0, first_epoch = 0;
+  if (o.resume) {
+    // Newest first; a checkpoint is used only when every rank could read its shard.
+    const auto candidates = ListCheckpoints(run_dir);
+    bool resumed = false;
+    for (const auto& [point, loss] : candidates) {
+      Status s = LoadShard(point.dir, fsdp, rank, world);
+      float ok = s.ok() ? 1.0f : 0.0f;
+      ST_RETURN_IF_ERROR(pg.AllReduce(&ok, 1, DType::kF32, dist::ReduceOp::kMin, collective));
+      if (!s.ok())
+        std::fprintf(stderr, "rank %d: checkpoint %s is damaged or incomplete, skipping it: %s\n",
+                     rank, point.dir.c_str(), s.message().c_str());
+      if (ok < 1.0f) continue;
+      first_epoch = point.epoch;
+      global_step = point.global_step;
+      resumed = true;
+      if (rank == 0) {
+        std::printf("Resuming from %s (epoch %lld done, step %lld)\n", point.dir.c_str(),
+                    (long long)point.epoch, (long long)point.global_step);
+        std::fflush(stdout);
+      }
+      break;
+    }
+    if (!resumed)
+      return NotFound(StrCat("--resume: no usable checkpoint in ", run_dir,
+                             candidates.empty() ? " (none found)" : " (all damaged)"));
+    if (rank == 0)
+      for (const auto& [point, loss] : candidates) kept.push_back({point.dir, loss});
+  }
+  if (first_epoch >= o.num_epochs && rank == 0)
+    std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
+                (long long)first_epoch, (long long)o.num_epochs);
+  for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto batches =
         EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
@@ -219,8 +303,30 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
           real / epoch_time);
       std::fflush(stdout);
     }
-    // Checkpoint: the full state on every rank (collective), written by rank 0.
+    // Checkpoint: every rank writes its shard into a pending directory, rank 0 adds the full
+    // model (all-gathered) and commits it with a rename.
     ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
+    const std::string pending = (fs::path(run_dir) / StrCat(".pending_epoch_", epoch + 1)).string();
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(pending, ec);
+      fs::create_directories(fs::path(pending) / "shards", ec);
+      if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
+    }
+    ST_RETURN_IF_ERROR(pg.Barrier(collective));
+    const Shape shard_shape{fsdp.shard_size()};
+    const std::map<std::string, std::string> shard_meta = {
+        {"world_size", std::to_string(world)},
+        {"rank", std::to_string(rank)},
+        {"epoch", std::to_string(epoch + 1)},
+        {"global_step", std::to_string(global_step)}};
+    ST_RETURN_IF_ERROR(
+        WriteSafeTensors(ShardPath(pending, rank),
+                         {{"master", DType::kF32, shard_shape, fsdp.master()},
+                          {"exp_avg", DType::kF32, shard_shape, fsdp.exp_avg()},
+                          {"exp_avg_sq", DType::kF32, shard_shape, fsdp.exp_avg_sq()}},
+                         shard_meta));
+    ST_RETURN_IF_ERROR(pg.Barrier(collective));
     if (rank == 0) {
       const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
       char json[256];
@@ -228,17 +334,29 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
           json, sizeof(json),
           "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
           (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
-      ST_RETURN_IF_ERROR(WriteCheckpoint(dir, m, full.data(), tokenizer_dir, json));
+      nlohmann::json state = {{"epoch", epoch + 1},
+                              {"global_step", global_step},
+                              {"world_size", world},
+                              {"loss", loss},
+                              {"seed", o.seed},
+                              {"model_id", o.model_id},
+                              {"fsdp_units", o.fsdp_units},
+                              {"dataset_split", o.dataset_split}};
+      ST_RETURN_IF_ERROR(
+          CommitCheckpoint(pending, dir, m, full.data(), tokenizer_dir, json, state.dump(2)));
       std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
       std::fflush(stdout);
       kept.push_back({dir, loss});
-      // Keep the best --num-to-keep by loss (lowest first), like CheckpointConfig(score=loss, min).
+      // Keep the best --num-to-keep by loss (CheckpointConfig(score=loss, order=min)), and always
+      // the newest, which a resume needs, until a newer one exists.
       std::sort(kept.begin(), kept.end(),
                 [](const Checkpoint& a, const Checkpoint& b) { return a.loss < b.loss; });
-      while (static_cast<int>(kept.size()) > std::max(1, o.num_to_keep)) {
+      for (size_t i = kept.size();
+           i-- > 0 && static_cast<int>(kept.size()) > std::max(1, o.num_to_keep);) {
+        if (kept[i].path == dir) continue;
         std::error_code ec;
-        fs::remove_all(kept.back().path, ec);
-        kept.pop_back();
+        fs::remove_all(kept[i].path, ec);
+        kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
       }
     }
     final_metrics = metrics;

@@ -2,7 +2,9 @@
 // and tokenizer, tokenizes the instruction data set, shards parameters with FSDP over the world
 // group, runs epochs of AdamW steps over a DistributedSampler-style data order, prints the seed's
 // per-epoch lines on rank 0 and writes a Hugging Face checkpoint per epoch (best kept).
-// Not yet: resume from a checkpoint, per-rank optimizer shards, recovery from lost workers.
+// Each checkpoint also holds every rank's FSDP shard (master weights, AdamW moments) and the
+// trainer state, so --resume continues exactly at the epoch boundary it stopped at.
+// Not yet: recovery from lost workers (restart policy), mid-epoch checkpoints.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,7 @@ struct FinetuneOptions {
   double max_grad_norm = 0;  // 0 = no clipping
   uint64_t seed = 42;
   int num_to_keep = 1;
+  bool resume = false;  // continue the run --run-name from its latest good checkpoint
   std::string fsdp_units = "mlp";                  // mlp | layer
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   std::string data_dir;                            // where the bundled data lives
