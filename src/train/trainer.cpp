@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -361,7 +363,18 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     }
     final_metrics = metrics;
   }
+  // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
+  // gathered units and the replicated (frozen) tensors.
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
+  ST_RETURN_IF_ERROR(pg.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective));
   if (rank == 0) {
+    std::printf(
+        "Memory per worker: sharded state %.1f MiB (fp32 master, grads, 2 AdamW moments), "
+        "replicated %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
+        fsdp.ShardedStateBytes() / 1048576.0, fsdp.ReplicatedBytes() / 1048576.0,
+        engine.ActivationBytes() / 1048576.0, rss_mib);
     std::printf("Training completed! Final metrics: %s\n", final_metrics.c_str());
     std::printf("Saved checkpoint: %s\n", kept.empty() ? "(none)" : kept.front().path.c_str());
     std::fflush(stdout);
