@@ -167,6 +167,32 @@ TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   fs::remove_all(dir);
 }
 
+TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
+  char tmpl[] = "/tmp/st_keep_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  // Order max on the (falling) loss: the best is epoch 1's; the newest (epoch 3's) stays too.
+  const Ran r = RunCommand(std::string(ST_BINARY) +
+                           " finetune --data-dir " ST_SOURCE_DIR
+                           "/data --dataset-split 'train[:32]' --max-seq-len 32 --topology 2"
+                           " --num-epochs 3 --num-to-keep 1 --checkpoint-score-order max"
+                           " --progress off --run-name k --storage-path " +
+                           dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> created;
+  const std::regex made(R"(Checkpoint successfully created at: (\S+))");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), made);
+       it != std::sregex_iterator(); ++it)
+    created.push_back((*it)[1]);
+  ASSERT_EQ(created.size(), 3u) << r.out;
+  EXPECT_TRUE(fs::exists(created[0])) << "the best by max loss";
+  EXPECT_FALSE(fs::exists(created[1]));
+  EXPECT_TRUE(fs::exists(created[2])) << "the newest";
+  EXPECT_NE(r.out.find("Saved checkpoint: " + created[0]), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("  epoch 1/3 step"), std::string::npos) << "--progress off";
+  fs::remove_all(dir);
+}
+
 TEST(Finetune, BadFlagsAreOneLineErrors) {
   const std::string bin = ST_BINARY;
   const Ran a = RunCommand(bin + " finetune --fsdp-units sideways --storage-path /tmp");

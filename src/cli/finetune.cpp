@@ -2,6 +2,8 @@
 // Gemma 4 causal LM on an instruction data set over every worker of the slice. Run without
 // `launch`, it spawns the whole slice as local CPU workers; under `launch` (or any launcher that
 // sets RANK/WORLD_SIZE/...) each process is one rank.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -67,6 +69,12 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.freeze,
                                   "--data-dir",
                                   o.data_dir,
+                                  "--checkpoint-score-attribute",
+                                  o.score_attribute,
+                                  "--checkpoint-score-order",
+                                  o.score_order,
+                                  "--progress",
+                                  o.progress,
                                   "--timeout-ms",
                                   s(a.timeout_ms)};
   if (o.resume) cmd.push_back("--resume");
@@ -90,6 +98,11 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     a.o.run_name = StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr));
   ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
                       launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
+  ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
+  if (a.o.progress == "auto") a.o.progress = isatty(STDOUT_FILENO) ? "bar" : "lines";
+  if (a.o.progress != "bar" && a.o.progress != "lines" && a.o.progress != "off")
+    return InvalidArgument("--progress must be auto, bar, lines or off, got '" + a.o.progress +
+                           "'");
   if (!env.is_worker()) {
     std::printf(
         "Starting slicetrain FSDP SFT job: model=%s, topology=%s, accelerator_type=%s, "
@@ -159,6 +172,14 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir,
                   "Bundled data directory (default: found next to the binary)");
+  cmd->add_option("--checkpoint-score-attribute", o.score_attribute,
+                  "Metric that ranks checkpoints: loss, epoch, epoch_time_s, tokens_per_s")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-score-order", o.score_order, "min or max: which score is best")
+      ->capture_default_str();
+  cmd->add_option("--progress", o.progress,
+                  "auto (a bar on a terminal, else a line per tenth of an epoch), bar, lines, off")
+      ->capture_default_str();
   cmd->add_flag("--resume", o.resume,
                 "Continue the run --run-name from its latest good checkpoint (same workers)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")

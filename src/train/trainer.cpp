@@ -59,8 +59,38 @@ std::string TimeStamp() {
 
 struct Checkpoint {
   std::string path;
-  double loss;
+  double score;
 };
+
+// The checkpoint score: one field of the epoch metrics (CheckpointConfig's score attribute).
+double Score(const nlohmann::json& metrics, const std::string& attribute) {
+  auto it = metrics.find(attribute);
+  return it != metrics.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+// Progress of an epoch on rank 0: a bar redrawn in place on a terminal, or a plain line every
+// tenth of the epoch.
+void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_t step,
+                  int64_t steps, double loss, double tokens_per_s, double elapsed) {
+  if (mode == "off") return;
+  const double eta = step > 0 ? elapsed / step * (steps - step) : 0.0;
+  const int eta_s = static_cast<int>(eta + 0.5);
+  if (mode == "bar") {
+    const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(1, steps));
+    std::printf("\r  epoch %lld/%lld [%s%s] %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d ",
+                (long long)epoch, (long long)epochs, std::string(filled, '#').c_str(),
+                std::string(width - filled, '.').c_str(), (long long)step, (long long)steps, loss,
+                tokens_per_s, eta_s / 60, eta_s % 60);
+    if (step == steps) std::printf("\r%*s\r", 100, "");
+  } else {
+    const int64_t every = std::max<int64_t>(1, steps / 10);
+    if (step % every != 0 || step == steps) return;
+    std::printf("  epoch %lld/%lld step %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d\n",
+                (long long)epoch, (long long)epochs, (long long)step, (long long)steps, loss,
+                tokens_per_s, eta_s / 60, eta_s % 60);
+  }
+  std::fflush(stdout);
+}
 
 // Rank 0's part of a checkpoint: the full model as a Hugging Face directory, the tokenizer files,
 // metrics.json and trainer_state.json, into `pending` (which already holds the ranks' shards),
@@ -99,8 +129,8 @@ struct ResumePoint {
 };
 
 // The run's committed checkpoints with their trainer state, newest epoch first.
-std::vector<std::pair<ResumePoint, double>> ListCheckpoints(const std::string& run_dir) {
-  std::vector<std::pair<ResumePoint, double>> out;
+std::vector<std::pair<ResumePoint, nlohmann::json>> ListCheckpoints(const std::string& run_dir) {
+  std::vector<std::pair<ResumePoint, nlohmann::json>> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(run_dir, ec)) {
     const std::string name = e.path().filename().string();
@@ -110,8 +140,8 @@ std::vector<std::pair<ResumePoint, double>> ListCheckpoints(const std::string& r
     if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("global_step") ||
         !j["epoch"].is_number_integer() || !j["global_step"].is_number_integer())
       continue;
-    out.push_back({{e.path().string(), j["epoch"].get<int64_t>(), j["global_step"].get<int64_t>()},
-                   j.value("loss", 0.0)});
+    out.push_back(
+        {{e.path().string(), j["epoch"].get<int64_t>(), j["global_step"].get<int64_t>()}, j});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
     return a.first.epoch != b.first.epoch ? a.first.epoch > b.first.epoch
@@ -163,14 +193,30 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
   return InstructionData{tok_dir, std::move(tok), std::move(set), std::move(report)};
 }
 
-Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective) {
-  const int rank = pg.rank(), world = pg.size();
+Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   if (o.num_epochs < 1 || o.batch_size_per_device < 1 || o.max_seq_len < 2)
     return InvalidArgument(
         "--num-epochs, --batch-size-per-device must be >= 1 and --max-seq-len >= 2");
+  if (o.score_attribute != "loss" && o.score_attribute != "epoch" &&
+      o.score_attribute != "epoch_time_s" && o.score_attribute != "tokens_per_s")
+    return InvalidArgument(
+        "--checkpoint-score-attribute must be loss, epoch, epoch_time_s or tokens_per_s, got '" +
+        o.score_attribute + "'");
+  if (o.score_order != "min" && o.score_order != "max")
+    return InvalidArgument("--checkpoint-score-order must be min or max, got '" + o.score_order +
+                           "'");
   if (o.fsdp_units != "mlp" && o.fsdp_units != "layer")
     return InvalidArgument("--fsdp-units must be 'mlp' or 'layer', got '" + o.fsdp_units + "'");
+  if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
+  if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
+    return InvalidArgument("--lr, --weight-decay and --max-grad-norm must not be negative");
+  return Status::Ok();
+}
+
+Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                   const dist::CollectiveOptions& collective) {
+  const int rank = pg.rank(), world = pg.size();
+  ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
 
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const bool from_dir = fs::is_directory(o.model_id);
@@ -243,7 +289,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     // Newest first; a checkpoint is used only when every rank could read its shard.
     const auto candidates = ListCheckpoints(run_dir);
     bool resumed = false;
-    for (const auto& [point, loss] : candidates) {
+    for (const auto& [point, state] : candidates) {
       Status s = LoadShard(point.dir, fsdp, rank, world);
       float ok = s.ok() ? 1.0f : 0.0f;
       ST_RETURN_IF_ERROR(pg.AllReduce(&ok, 1, DType::kF32, dist::ReduceOp::kMin, collective));
@@ -265,7 +311,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       return NotFound(StrCat("--resume: no usable checkpoint in ", run_dir,
                              candidates.empty() ? " (none found)" : " (all damaged)"));
     if (rank == 0)
-      for (const auto& [point, loss] : candidates) kept.push_back({point.dir, loss});
+      for (const auto& [point, state] : candidates)
+        kept.push_back({point.dir, Score(state, o.score_attribute)});
   }
   if (first_epoch >= o.num_epochs && rank == 0)
     std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
@@ -275,7 +322,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     const auto batches =
         EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
     double loss_total = 0;
-    int64_t real_tokens = 0;
+    int64_t real_tokens = 0, step_in_epoch = 0;
+    const int64_t tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     for (const auto& rows : batches) {
       TokenBatch tb = Collate(set, rows);
       std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
@@ -286,6 +334,14 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       if (o.max_grad_norm > 0) ST_RETURN_IF_ERROR(fsdp.ClipGradNorm(o.max_grad_norm).status());
       fsdp.OptimizerStep(adam, ++global_step);
       loss_total += r.Loss();
+      if (rank == 0) {
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++step_in_epoch;
+        ShowProgress(o.progress, epoch + 1, o.num_epochs, step_in_epoch,
+                     static_cast<int64_t>(batches.size()), loss_total / step_in_epoch,
+                     tokens_per_step * step_in_epoch / elapsed, elapsed);
+      }
     }
     float real = static_cast<float>(real_tokens);
     ST_RETURN_IF_ERROR(pg.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective));
@@ -348,14 +404,16 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
           CommitCheckpoint(pending, dir, m, full.data(), tokenizer_dir, json, state.dump(2)));
       std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
       std::fflush(stdout);
-      kept.push_back({dir, loss});
-      // Keep the best --num-to-keep by loss (CheckpointConfig(score=loss, order=min)), and always
-      // the newest, which a resume needs, until a newer one exists.
-      std::sort(kept.begin(), kept.end(),
-                [](const Checkpoint& a, const Checkpoint& b) { return a.loss < b.loss; });
-      for (size_t i = kept.size();
-           i-- > 0 && static_cast<int>(kept.size()) > std::max(1, o.num_to_keep);) {
-        if (kept[i].path == dir) continue;
+      kept.push_back({dir, Score(state, o.score_attribute)});
+      // Keep the best --num-to-keep by the score (CheckpointConfig(num_to_keep, score attribute,
+      // order)), and always the newest, which a resume needs, until a newer one exists.
+      const bool lower_is_better = o.score_order == "min";
+      std::stable_sort(kept.begin(), kept.end(), [&](const Checkpoint& a, const Checkpoint& b) {
+        return lower_is_better ? a.score < b.score : a.score > b.score;
+      });
+      const size_t budget = static_cast<size_t>(std::max(1, o.num_to_keep));
+      for (size_t i = kept.size(); i-- > budget;) {
+        if (kept[i].path == dir) continue;  // the newest stays beside the best ones
         std::error_code ec;
         fs::remove_all(kept[i].path, ec);
         kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));

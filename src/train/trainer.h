@@ -37,8 +37,11 @@ struct FinetuneOptions {
   double max_grad_norm = 0;  // 0 = no clipping
   uint64_t seed = 42;
   int num_to_keep = 1;
-  bool resume = false;  // continue the run --run-name from its latest good checkpoint
-  std::string fsdp_units = "mlp";                  // mlp | layer
+  std::string score_attribute = "loss";  // loss | epoch | epoch_time_s | tokens_per_s
+  std::string score_order = "min";       // min | max: which checkpoints are best
+  std::string progress = "auto";         // auto (bar on a terminal, else lines) | bar | lines | off
+  bool resume = false;             // continue the run --run-name from its latest good checkpoint
+  std::string fsdp_units = "mlp";  // mlp | layer
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   std::string data_dir;                            // where the bundled data lives
 };
@@ -59,6 +62,9 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& dataset_flag,
                                               const std::string& split, int64_t max_seq_len,
                                               const std::string& data_dir);
+
+// Flag checks that need no files: the CLI runs them before starting workers, RunFinetune again.
+Status ValidateFinetuneOptions(const FinetuneOptions& options);
 
 // Runs the job as `rank` of `pg` (every rank calls it with the same options).
 Status RunFinetune(const FinetuneOptions& options, dist::ProcessGroup& pg,
