@@ -13,9 +13,9 @@
 
 #include "bench_util.h"
 #include "core/rng.h"
+#include "io/model_loader.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "model/gemma4.h"
-#include "model/load.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "io/model_loader.h"
 #include "model/gemma4.h"
-#include "model/load.h"
 
 namespace {
 std::atomic<int64_t> g_allocations{0};
@@ -18,8 +18,12 @@ void* operator new(size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace st {
 namespace {

@@ -5,8 +5,8 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "io/model_loader.h"
 #include "model/gemma4.h"
-#include "model/load.h"
 #include "train/trainer.h"
 
 namespace st::cli {

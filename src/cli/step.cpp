@@ -6,9 +6,9 @@
 
 #include "cli/commands.h"
 #include "core/rng.h"
+#include "io/model_loader.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "model/gemma4.h"
-#include "model/load.h"
 
 namespace st::cli {
 

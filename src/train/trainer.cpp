@@ -16,9 +16,9 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/hf_model.h"
+#include "io/model_loader.h"
 #include "io/safetensors.h"
 #include "model/gemma4.h"
-#include "model/load.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
 

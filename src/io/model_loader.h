@@ -1,6 +1,7 @@
 // Resolves --model-id into a config and initial parameters: a built-in preset (seeded random
 // initialisation, as transformers would build the model from its config) or a local Hugging Face
-// model directory (config.json + safetensors). Hub ids are resolved by the data layer's hub client.
+// model directory (config.json + safetensors). Lives in io/ because it reads files; hub ids are
+// resolved to a local snapshot directory by io/hub.h first.
 #pragma once
 
 #include <string>

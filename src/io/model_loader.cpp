@@ -1,4 +1,4 @@
-#include "model/load.h"
+#include "io/model_loader.h"
 
 #include <filesystem>
 
