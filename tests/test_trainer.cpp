@@ -193,6 +193,42 @@ TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
   fs::remove_all(dir);
 }
 
+// --model-id org/name: a model in the huggingface_hub cache is found (offline, no server needed;
+// tests/test_hub.cpp covers downloading against a local imitation of the hub).
+TEST(Finetune, HubIdResolvesThroughTheCache) {
+  char tmpl[] = "/tmp/st_hubid_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string bin = ST_BINARY;
+  const std::string data =
+      " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
+  const Ran r = RunCommand(bin + " finetune" + data +
+                           " --topology 1 --num-epochs 1 --progress off"
+                           " --run-name h --storage-path " +
+                           dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ckpt = Newest(dir + "/h");
+  const std::string commit(40, 'a');
+  const fs::path repo = fs::path(dir) / "cache" / "models--acme--tiny-sft";
+  fs::create_directories(repo / "refs");
+  fs::create_directories(repo / "snapshots" / commit);
+  std::ofstream(repo / "refs" / "main") << commit;
+  for (const char* f :
+       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(fs::path(ckpt) / f, repo / "snapshots" / commit / f);
+  const std::string env = "HF_HUB_OFFLINE=1 HF_HUB_CACHE=" + dir + "/cache ";
+  const Ran by_dir = RunCommand(bin + " evaluate --json --model-id " + ckpt + data);
+  const Ran by_id = RunCommand(env + bin + " evaluate --json --model-id acme/tiny-sft" + data);
+  ASSERT_EQ(by_dir.code, 0) << by_dir.out;
+  ASSERT_EQ(by_id.code, 0) << by_id.out;
+  EXPECT_EQ(by_id.out.substr(by_id.out.find('{')), by_dir.out.substr(by_dir.out.find('{')));
+  const Ran missing = RunCommand(env + bin + " evaluate --model-id acme/absent" + data);
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.out.find("HF_HUB_OFFLINE=1 forbids downloading it"), std::string::npos)
+      << missing.out;
+  fs::remove_all(dir);
+}
+
 TEST(Finetune, BadFlagsAreOneLineErrors) {
   const std::string bin = ST_BINARY;
   const Ran a = RunCommand(bin + " finetune --fsdp-units sideways --storage-path /tmp");

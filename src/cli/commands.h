@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "io/hub.h"
 
 namespace st::cli {
 
@@ -17,6 +18,10 @@ struct Context {
 // The bundled data directory: `flag` if set, else $SLICETRAIN_DATA_DIR, else data/ next to the
 // build or the install (share/slicetrain/data), else ./data.
 std::string BundledDataDir(const std::string& flag);
+
+// Hub settings from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_CACHE,
+// HF_HUB_OFFLINE), logging download progress to stderr.
+HubOptions HubFromEnvironment();
 
 // Prints a failed Status as the one-line error of `command` and returns the exit code to use.
 int ReportError(const std::string& command, const Status& status);

@@ -23,9 +23,10 @@ struct EvaluateArgs {
 Status Run(const EvaluateArgs& a) {
   if (a.max_seq_len < 2 || a.batch_size < 1)
     return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
-  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model_id, 42));
+  ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
   ST_ASSIGN_OR_RETURN(InstructionData data,
-                      LoadInstructionData(m.config, a.model_id, a.tokenizer, a.dataset, a.split,
+                      LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.split,
                                           a.max_seq_len, BundledDataDir(a.data_dir)));
   const TokenizedSet& set = data.examples;
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);

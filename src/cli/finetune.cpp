@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "cli/commands.h"
+#include "io/model_loader.h"
 #include "launch/cluster_env.h"
 #include "launch/topology.h"
 #include "launch/worker.h"
@@ -99,6 +100,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
                       launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
+  ST_ASSIGN_OR_RETURN(a.o.model_id, ResolveModelSource(a.o.model_id, HubFromEnvironment()));
   if (a.o.progress == "auto") a.o.progress = isatty(STDOUT_FILENO) ? "bar" : "lines";
   if (a.o.progress != "bar" && a.o.progress != "lines" && a.o.progress != "off")
     return InvalidArgument("--progress must be auto, bar, lines or off, got '" + a.o.progress +

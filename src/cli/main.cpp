@@ -22,6 +22,12 @@ std::string BundledDataDir(const std::string& flag) {
   return "data";
 }
 
+HubOptions HubFromEnvironment() {
+  HubOptions o = HubOptions::FromEnvironment();
+  o.log = [](const std::string& line) { std::fprintf(stderr, "slicetrain: %s\n", line.c_str()); };
+  return o;
+}
+
 int ReportError(const std::string& command, const Status& status) {
   std::fprintf(stderr, "slicetrain %s: error: %s\n", command.c_str(), status.message().c_str());
   return status.code() == StatusCode::kInvalidArgument ? 2 : 1;

@@ -33,4 +33,14 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
   return m;
 }
 
+StatusOr<std::string> ResolveModelSource(const std::string& model_id, const HubOptions& hub) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(model_id, ec) || PresetConfig(model_id).ok()) return model_id;
+  if (model_id.find('/') == std::string::npos || !ValidateRepoId(model_id).ok()) return model_id;
+  HubClient client(hub);
+  StatusOr<std::string> snapshot = client.DownloadModel(model_id);
+  if (!snapshot.ok()) return snapshot.status().WithContext("--model-id " + model_id);
+  return snapshot;
+}
+
 }  // namespace st

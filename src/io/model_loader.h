@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/hub.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -21,5 +22,10 @@ struct LoadedModel {
 };
 
 StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed);
+
+// --model-id as something LoadModel reads: a local directory or a preset name unchanged; a hub id
+// (org/name) is fetched into (or, offline, found in) the huggingface_hub cache and its snapshot
+// directory returned. Anything else is returned unchanged for LoadModel to reject.
+StatusOr<std::string> ResolveModelSource(const std::string& model_id, const HubOptions& hub);
 
 }  // namespace st
