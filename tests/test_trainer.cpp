@@ -152,12 +152,28 @@ TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the uninterrupted run's";
 
-  // A damaged newest checkpoint (a truncated shard) is reported and the previous one is used.
+  // Every committed file is listed in checksums.sha256, in sha256sum's own format.
   const std::string newest = Newest(dir + "/part");
-  fs::resize_file(newest + "/shards/rank_1.safetensors", 100);
+  const Ran sums = RunCommand("cd " + newest + " && sha256sum --strict -c checksums.sha256");
+  EXPECT_EQ(sums.code, 0) << sums.out;
+  for (const char* f : {"model.safetensors", "config.json", "trainer_state.json",
+                        "shards/rank_0.safetensors", "shards/rank_1.safetensors"})
+    EXPECT_NE(sums.out.find(std::string(f) + ": OK"), std::string::npos) << f << "\n" << sums.out;
+  // A damaged newest checkpoint (one byte of a shard altered: the file still parses) is detected
+  // by its checksum, reported, and the previous one is used.
+  {
+    std::fstream f(newest + "/shards/rank_1.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(newest + "/shards/rank_1.safetensors") / 2));
+    f.put('\x7f');
+  }
+  fs::create_directories(dir + "/part/.pending_epoch_3/shards");  // as a killed commit leaves it
   const Ran again = RunCommand(base + " --run-name part --num-epochs 3 --resume");
   ASSERT_EQ(again.code, 0) << again.out;
   EXPECT_NE(again.out.find("is damaged or incomplete"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("does not match the checksum recorded at commit"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("Removed 1 unfinished checkpoint"), std::string::npos) << again.out;
   EXPECT_NE(again.out.find("(epoch 2 done"), std::string::npos) << again.out;
   EXPECT_NE(again.out.find("Epoch 3/3"), std::string::npos) << again.out;
 

@@ -9,7 +9,6 @@
 
 #include <curl/curl.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -23,6 +22,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+
+#include "io/files.h"
 
 namespace st {
 namespace {
@@ -226,44 +227,18 @@ bool Retryable(const HttpResult& r) {
 // ------------------------------------------------------------------ hashes
 // sha256 of the file (LFS ETag) or git's blob sha1 ("blob <size>\0" + content).
 StatusOr<std::string> FileDigest(const std::string& path, bool git_sha1) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError(StrCat(path, ": cannot open for the hash check"));
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, git_sha1 ? EVP_sha1() : EVP_sha256(), nullptr);
-  if (git_sha1) {
-    std::string head = StrCat("blob ", fs::file_size(path));
-    EVP_DigestUpdate(ctx, head.data(), head.size() + 1);  // with the NUL
-  }
-  std::vector<char> buf(1 << 20);
-  while (f.read(buf.data(), buf.size()) || f.gcount() > 0)
-    EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(f.gcount()));
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[md[i] >> 4]);
-    hex.push_back(kHex[md[i] & 15]);
-  }
-  return hex;
+  if (!git_sha1) return HashFile(path, HashKind::kSha256);
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return IoError(StrCat(path, ": cannot open for the hash check: ", ec.message()));
+  return HashFile(path, HashKind::kSha1, StrCat("blob ", size, std::string(1, '\0')));
 }
 
 // ------------------------------------------------------------------ files
 Status WriteAtomically(const fs::path& path, const std::string& text) {
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
-  fs::path tmp = path;
-  tmp += StrCat(".tmp", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f) return IoError(StrCat(tmp.string(), ": write failed"));
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) return IoError(StrCat(path.string(), ": ", ec.message()));
-  return Status::Ok();
+  return WriteFileDurably(path.string(), text);
 }
 
 // Move-only exclusive flock on a lock file.

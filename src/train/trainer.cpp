@@ -21,6 +21,7 @@
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
+#include "train/checkpoint.h"
 
 namespace st {
 
@@ -90,80 +91,6 @@ void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_
                 tokens_per_s, eta_s / 60, eta_s % 60);
   }
   std::fflush(stdout);
-}
-
-// Rank 0's part of a checkpoint: the full model as a Hugging Face directory, the tokenizer files,
-// metrics.json and trainer_state.json, into `pending` (which already holds the ranks' shards),
-// then the rename that commits it.
-Status CommitCheckpoint(const std::string& pending, const std::string& dir, const LoadedModel& m,
-                        const float* params, const std::string& tokenizer_dir,
-                        const std::string& metrics_json, const std::string& state_json) {
-  std::error_code ec;
-  ST_RETURN_IF_ERROR(SaveHfModel(pending, m.config, m.registry, params, DType::kF32));
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
-    const fs::path src = fs::path(tokenizer_dir) / f;
-    if (fs::exists(src, ec))
-      fs::copy_file(src, fs::path(pending) / f, fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      return IoError(StrCat("cannot copy ", src.string(), " into ", pending, ": ", ec.message()));
-  }
-  for (const auto& [name, text] :
-       {std::pair<const char*, const std::string*>{"metrics.json", &metrics_json},
-        {"trainer_state.json", &state_json}}) {
-    std::ofstream out(fs::path(pending) / name);
-    out << *text << "\n";
-    if (!out) return IoError(StrCat("cannot write ", pending, "/", name));
-  }
-  fs::rename(pending, dir, ec);
-  if (ec) return IoError(StrCat("cannot commit checkpoint ", dir, ": ", ec.message()));
-  return Status::Ok();
-}
-
-std::string ShardPath(const std::string& ckpt, int rank) {
-  return (fs::path(ckpt) / "shards" / StrCat("rank_", rank, ".safetensors")).string();
-}
-
-struct ResumePoint {
-  std::string dir;
-  int64_t epoch = 0, global_step = 0;
-};
-
-// The run's committed checkpoints with their trainer state, newest epoch first.
-std::vector<std::pair<ResumePoint, nlohmann::json>> ListCheckpoints(const std::string& run_dir) {
-  std::vector<std::pair<ResumePoint, nlohmann::json>> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("checkpoint_", 0) != 0 || !e.is_directory()) continue;
-    std::ifstream in(e.path() / "trainer_state.json");
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("global_step") ||
-        !j["epoch"].is_number_integer() || !j["global_step"].is_number_integer())
-      continue;
-    out.push_back(
-        {{e.path().string(), j["epoch"].get<int64_t>(), j["global_step"].get<int64_t>()}, j});
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.first.epoch != b.first.epoch ? a.first.epoch > b.first.epoch
-                                          : a.first.dir > b.first.dir;
-  });
-  return out;
-}
-
-// This rank's shard of checkpoint `dir` into the FSDP state; any problem is a Status.
-Status LoadShard(const std::string& dir, FsdpModel& fsdp, int rank, int world) {
-  ST_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::Open(ShardPath(dir, rank)));
-  const auto& meta = f.metadata();
-  if (!meta.count("world_size") || meta.at("world_size") != std::to_string(world))
-    return InvalidArgument(
-        StrCat(dir, " was written by ", meta.count("world_size") ? meta.at("world_size") : "?",
-               " workers; resume with the same number of workers (", world, " now)"));
-  const Shape shape{fsdp.shard_size()};
-  ST_RETURN_IF_ERROR(f.ReadF32("master", fsdp.master(), shape));
-  ST_RETURN_IF_ERROR(f.ReadF32("exp_avg", fsdp.exp_avg(), shape));
-  ST_RETURN_IF_ERROR(f.ReadF32("exp_avg_sq", fsdp.exp_avg_sq(), shape));
-  fsdp.MasterChanged();
-  return Status::Ok();
 }
 
 }  // namespace
@@ -270,6 +197,9 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     if (ec)
       return IoError(StrCat("cannot create the run directory ", run_dir, ": ", ec.message(),
                             " (check --storage-path)"));
+    if (const int stale = RemoveStalePendingCheckpoints(run_dir); stale > 0)
+      std::printf("Removed %d unfinished checkpoint(s) that an interrupted run left in %s\n", stale,
+                  run_dir.c_str());
     std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", world);
     std::printf(
         "Data: %s; %lld examples of %lld tokens (%lld truncated); %lld steps per epoch of "
@@ -289,8 +219,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     // Newest first; a checkpoint is used only when every rank could read its shard.
     const auto candidates = ListCheckpoints(run_dir);
     bool resumed = false;
-    for (const auto& [point, state] : candidates) {
-      Status s = LoadShard(point.dir, fsdp, rank, world);
+    for (const CheckpointEntry& point : candidates) {
+      Status s = LoadCheckpointShard(point.dir, fsdp, rank, world);
       float ok = s.ok() ? 1.0f : 0.0f;
       ST_RETURN_IF_ERROR(pg.AllReduce(&ok, 1, DType::kF32, dist::ReduceOp::kMin, collective));
       if (!s.ok())
@@ -311,8 +241,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       return NotFound(StrCat("--resume: no usable checkpoint in ", run_dir,
                              candidates.empty() ? " (none found)" : " (all damaged)"));
     if (rank == 0)
-      for (const auto& [point, state] : candidates)
-        kept.push_back({point.dir, Score(state, o.score_attribute)});
+      for (const CheckpointEntry& point : candidates)
+        kept.push_back({point.dir, Score(point.state, o.score_attribute)});
   }
   if (first_epoch >= o.num_epochs && rank == 0)
     std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
@@ -364,7 +294,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     // Checkpoint: every rank writes its shard into a pending directory, rank 0 adds the full
     // model (all-gathered) and commits it with a rename.
     ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
-    const std::string pending = (fs::path(run_dir) / StrCat(".pending_epoch_", epoch + 1)).string();
+    const std::string pending = PendingCheckpointDir(run_dir, epoch + 1);
     if (rank == 0) {
       std::error_code ec;
       fs::remove_all(pending, ec);
@@ -372,18 +302,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
     }
     ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    const Shape shard_shape{fsdp.shard_size()};
-    const std::map<std::string, std::string> shard_meta = {
-        {"world_size", std::to_string(world)},
-        {"rank", std::to_string(rank)},
-        {"epoch", std::to_string(epoch + 1)},
-        {"global_step", std::to_string(global_step)}};
-    ST_RETURN_IF_ERROR(
-        WriteSafeTensors(ShardPath(pending, rank),
-                         {{"master", DType::kF32, shard_shape, fsdp.master()},
-                          {"exp_avg", DType::kF32, shard_shape, fsdp.exp_avg()},
-                          {"exp_avg_sq", DType::kF32, shard_shape, fsdp.exp_avg_sq()}},
-                         shard_meta));
+    ST_RETURN_IF_ERROR(WriteCheckpointShard(pending, fsdp, rank, world, epoch + 1, global_step));
     ST_RETURN_IF_ERROR(pg.Barrier(collective));
     if (rank == 0) {
       const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
@@ -401,7 +320,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
                               {"fsdp_units", o.fsdp_units},
                               {"dataset_split", o.dataset_split}};
       ST_RETURN_IF_ERROR(
-          CommitCheckpoint(pending, dir, m, full.data(), tokenizer_dir, json, state.dump(2)));
+          CommitCheckpoint(pending, dir, {&m, full.data(), tokenizer_dir, json, state.dump(2)}));
       std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
       std::fflush(stdout);
       kept.push_back({dir, Score(state, o.score_attribute)});

@@ -1,0 +1,121 @@
+#include "io/files.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+namespace st {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Errno() {
+  return std::strerror(errno);
+}
+
+// Move-only owner of a file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+Status Fsync(const std::string& path, int flags, const char* what) {
+  Fd fd(::open(path.c_str(), flags | O_CLOEXEC));
+  if (fd.get() < 0) return IoError(StrCat(path, ": cannot open ", what, ": ", Errno()));
+  if (::fsync(fd.get()) != 0 && errno != EINVAL)
+    return IoError(StrCat(path, ": fsync failed: ", Errno()));
+  return Status::Ok();
+}
+
+std::string ParentOf(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+}  // namespace
+
+StatusOr<std::string> HashFile(const std::string& path, HashKind kind, const std::string& prefix) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return IoError(StrCat(path, ": cannot open for hashing: ", Errno()));
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), kind == HashKind::kSha1 ? EVP_sha1() : EVP_sha256(),
+                                nullptr) != 1)
+    return Internal("OpenSSL digest initialisation failed");
+  EVP_DigestUpdate(ctx.get(), prefix.data(), prefix.size());
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t k = ::read(fd.get(), buf.data(), buf.size());
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return IoError(StrCat(path, ": read failed while hashing: ", Errno()));
+    if (k == 0) break;
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(k));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) {
+    hex.push_back(kHex[md[i] >> 4]);
+    hex.push_back(kHex[md[i] & 15]);
+  }
+  return hex;
+}
+
+Status FsyncFile(const std::string& path) {
+  return Fsync(path, O_RDONLY, "file");
+}
+
+Status FsyncDir(const std::string& dir) {
+  return Fsync(dir, O_RDONLY | O_DIRECTORY, "directory");
+}
+
+Status WriteFileDurably(const std::string& path, const std::string& text) {
+  const std::string tmp = StrCat(path, ".tmp", ::getpid());
+  {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return IoError(StrCat(tmp, ": cannot create: ", Errno()));
+    size_t off = 0;
+    while (off < text.size()) {
+      const ssize_t k = ::write(fd.get(), text.data() + off, text.size() - off);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        const std::string why = Errno();
+        ::unlink(tmp.c_str());
+        return IoError(StrCat(tmp, ": write failed: ", why, " (is the disk full?)"));
+      }
+      off += static_cast<size_t>(k);
+    }
+    if (::fsync(fd.get()) != 0) {
+      const std::string why = Errno();
+      ::unlink(tmp.c_str());
+      return IoError(StrCat(tmp, ": fsync failed: ", why));
+    }
+  }
+  return RenameDurably(tmp, path);
+}
+
+Status RenameDurably(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    return IoError(StrCat("cannot rename ", from, " to ", to, ": ", Errno()));
+  return FsyncDir(ParentOf(to));
+}
+
+}  // namespace st

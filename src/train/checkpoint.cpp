@@ -1,0 +1,198 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "io/files.h"
+#include "io/hf_model.h"
+#include "io/safetensors.h"
+
+namespace st {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kShardHashSuffix = ".sha256";
+
+StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(StrCat(path, ": cannot open"));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// checksums.sha256 as {relative path: hex digest}.
+StatusOr<std::map<std::string, std::string>> ReadManifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kChecksumsFile).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return DataLoss(StrCat(dir, " has no ", kChecksumsFile,
+                           ": it was never committed (a run killed while writing it?)"));
+  ST_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
+  std::map<std::string, std::string> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    const bool well_formed = line.size() > 66 && line.compare(64, 2, "  ") == 0 &&
+                             line.find_first_not_of("0123456789abcdef") == 64;
+    if (!well_formed) return DataLoss(StrCat(path, ": malformed line '", line.substr(0, 80), "'"));
+    out[line.substr(66)] = line.substr(0, 64);
+  }
+  if (out.empty()) return DataLoss(StrCat(path, " lists no file"));
+  return out;
+}
+
+// Every regular file under `dir`, as paths relative to it, sorted.
+std::vector<std::string> FilesUnder(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (it->is_regular_file()) out.push_back(fs::relative(it->path(), dir).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string PendingCheckpointDir(const std::string& run_dir, int64_t epoch) {
+  return (fs::path(run_dir) / StrCat(".pending_epoch_", epoch)).string();
+}
+
+std::string ShardPath(const std::string& dir, int rank) {
+  return (fs::path(dir) / "shards" / StrCat("rank_", rank, ".safetensors")).string();
+}
+
+Status WriteCheckpointShard(const std::string& pending, FsdpModel& fsdp, int rank, int world,
+                            int64_t epoch, int64_t global_step) {
+  const Shape shape{fsdp.shard_size()};
+  const std::map<std::string, std::string> meta = {{"world_size", std::to_string(world)},
+                                                   {"rank", std::to_string(rank)},
+                                                   {"epoch", std::to_string(epoch)},
+                                                   {"global_step", std::to_string(global_step)}};
+  const std::string path = ShardPath(pending, rank);
+  ST_RETURN_IF_ERROR(WriteSafeTensors(path,
+                                      {{"master", DType::kF32, shape, fsdp.master()},
+                                       {"exp_avg", DType::kF32, shape, fsdp.exp_avg()},
+                                       {"exp_avg_sq", DType::kF32, shape, fsdp.exp_avg_sq()}},
+                                      meta));
+  ST_ASSIGN_OR_RETURN(std::string digest, HashFile(path));
+  return WriteFileDurably(path + kShardHashSuffix, digest);
+}
+
+Status CommitCheckpoint(const std::string& pending, const std::string& dir,
+                        const CheckpointContent& c) {
+  const LoadedModel& m = *c.model;
+  ST_RETURN_IF_ERROR(SaveHfModel(pending, m.config, m.registry, c.params, DType::kF32));
+  std::error_code ec;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
+    const fs::path src = fs::path(c.tokenizer_dir) / f;
+    if (fs::exists(src, ec))
+      fs::copy_file(src, fs::path(pending) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return IoError(StrCat("cannot copy ", src.string(), " into ", pending, ": ", ec.message()));
+  }
+  ST_RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(pending) / "metrics.json").string(), c.metrics_json + "\n"));
+  ST_RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(pending) / "trainer_state.json").string(), c.state_json + "\n"));
+  // The manifest: the ranks' own digests of their shards, rank 0's of everything else.
+  std::string manifest;
+  for (const std::string& rel : FilesUnder(pending)) {
+    const std::string path = (fs::path(pending) / rel).string();
+    if (rel.size() > 7 && rel.compare(rel.size() - 7, 7, kShardHashSuffix) == 0) continue;
+    std::string digest;
+    if (rel.rfind("shards/", 0) == 0) {
+      ST_ASSIGN_OR_RETURN(digest, ReadSmallFile(path + kShardHashSuffix));
+      if (digest.size() != 64)
+        return DataLoss(StrCat(path, kShardHashSuffix, ": not a sha256 digest"));
+      fs::remove(path + kShardHashSuffix, ec);
+    } else {
+      ST_RETURN_IF_ERROR(FsyncFile(path));
+      ST_ASSIGN_OR_RETURN(digest, HashFile(path));
+    }
+    manifest += StrCat(digest, "  ", rel, "\n");
+  }
+  ST_RETURN_IF_ERROR(WriteFileDurably((fs::path(pending) / kChecksumsFile).string(), manifest));
+  ST_RETURN_IF_ERROR(FsyncDir((fs::path(pending) / "shards").string()));
+  ST_RETURN_IF_ERROR(FsyncDir(pending));
+  return RenameDurably(pending, dir);
+}
+
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& run_dir) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint_", 0) != 0 || !e.is_directory()) continue;
+    std::ifstream in(e.path() / "trainer_state.json");
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("global_step") ||
+        !j["epoch"].is_number_integer() || !j["global_step"].is_number_integer())
+      continue;
+    out.push_back({e.path().string(), j["epoch"].get<int64_t>(), j["global_step"].get<int64_t>(),
+                   std::move(j)});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    return a.epoch != b.epoch ? a.epoch > b.epoch : a.dir > b.dir;
+  });
+  return out;
+}
+
+Status VerifyCheckpointFile(const std::string& dir, const std::string& relative) {
+  ST_ASSIGN_OR_RETURN(auto manifest, ReadManifest(dir));
+  auto it = manifest.find(relative);
+  if (it == manifest.end())
+    return DataLoss(StrCat(dir, "/", kChecksumsFile, " does not list ", relative));
+  const std::string path = (fs::path(dir) / relative).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return DataLoss(StrCat(path, " is missing"));
+  ST_ASSIGN_OR_RETURN(std::string digest, HashFile(path));
+  if (digest != it->second)
+    return DataLoss(StrCat(path, " does not match the checksum recorded at commit (", digest,
+                           " now, ", it->second, " then): it was truncated or altered"));
+  return Status::Ok();
+}
+
+Status VerifyCheckpoint(const std::string& dir) {
+  ST_ASSIGN_OR_RETURN(auto manifest, ReadManifest(dir));
+  for (const auto& [relative, digest] : manifest)
+    ST_RETURN_IF_ERROR(VerifyCheckpointFile(dir, relative));
+  return Status::Ok();
+}
+
+Status LoadCheckpointShard(const std::string& dir, FsdpModel& fsdp, int rank, int world) {
+  const std::string path = ShardPath(dir, rank);
+  ST_RETURN_IF_ERROR(VerifyCheckpointFile(dir, fs::relative(path, dir).string()));
+  ST_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::Open(path));
+  const auto& meta = f.metadata();
+  if (!meta.count("world_size") || meta.at("world_size") != std::to_string(world))
+    return InvalidArgument(
+        StrCat(dir, " was written by ", meta.count("world_size") ? meta.at("world_size") : "?",
+               " workers; resume with the same number of workers (", world, " now)"));
+  const Shape shape{fsdp.shard_size()};
+  ST_RETURN_IF_ERROR(f.ReadF32("master", fsdp.master(), shape));
+  ST_RETURN_IF_ERROR(f.ReadF32("exp_avg", fsdp.exp_avg(), shape));
+  ST_RETURN_IF_ERROR(f.ReadF32("exp_avg_sq", fsdp.exp_avg_sq(), shape));
+  fsdp.MasterChanged();
+  return Status::Ok();
+}
+
+int RemoveStalePendingCheckpoints(const std::string& run_dir) {
+  int removed = 0;
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.path().filename().string().rfind(".pending_epoch_", 0) == 0) stale.push_back(e.path());
+  for (const auto& p : stale)
+    if (fs::remove_all(p, ec) > 0 && !ec) ++removed;
+  return removed;
+}
+
+}  // namespace st

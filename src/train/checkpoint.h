@@ -1,0 +1,71 @@
+// The checkpoints of a fine-tuning run: <storage>/<run>/checkpoint_<time>/ holds the full model as
+// a Hugging Face directory (model.safetensors, config.json, tokenizer files), metrics.json,
+// trainer_state.json, every rank's FSDP shard (shards/rank_R.safetensors: fp32 master weights and
+// AdamW moments) and checksums.sha256, the SHA-256 of every other file, recorded at commit in
+// sha256sum's format (`sha256sum -c checksums.sha256` checks a copy by hand).
+// A checkpoint is built in <run>/.pending_epoch_E/ and committed with fsync + rename, so a process
+// killed while writing never leaves a half-written checkpoint_* directory nor harms older ones.
+// Not the training loop: trainer.cpp decides when to write, which to keep and where to resume.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "io/model_loader.h"
+#include "parallel/fsdp.h"
+
+namespace st {
+
+inline constexpr const char* kChecksumsFile = "checksums.sha256";
+
+// <run_dir>/.pending_epoch_<epoch>: where the checkpoint of `epoch` (1-based) is assembled.
+std::string PendingCheckpointDir(const std::string& run_dir, int64_t epoch);
+// <dir>/shards/rank_<rank>.safetensors
+std::string ShardPath(const std::string& dir, int rank);
+
+// Every rank, once rank 0 has created `pending`/shards: writes this rank's shard (fsynced) and
+// the SHA-256 of what is on disk beside it, for rank 0's manifest.
+Status WriteCheckpointShard(const std::string& pending, FsdpModel& fsdp, int rank, int world,
+                            int64_t epoch, int64_t global_step);
+
+// What rank 0 adds to the ranks' shards.
+struct CheckpointContent {
+  const LoadedModel* model = nullptr;
+  const float* params = nullptr;  // the full fp32 parameters (registry layout)
+  std::string tokenizer_dir;      // its tokenizer files are copied beside the model
+  std::string metrics_json;
+  std::string state_json;
+};
+// Rank 0, after every rank's WriteCheckpointShard: the Hugging Face model, tokenizer files and
+// JSON files into `pending`, then checksums.sha256, fsync of everything, and the rename to `dir`.
+Status CommitCheckpoint(const std::string& pending, const std::string& dir,
+                        const CheckpointContent& content);
+
+// A committed checkpoint of the run, as its trainer_state.json describes it.
+struct CheckpointEntry {
+  std::string dir;
+  int64_t epoch = 0;
+  int64_t global_step = 0;
+  nlohmann::json state;
+};
+// The run's checkpoint_* directories with a readable trainer_state.json, newest epoch first.
+// Nothing is verified here beyond the JSON: see VerifyCheckpointFile.
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& run_dir);
+
+// Checks one file of a committed checkpoint (a path relative to `dir`) against the checksum
+// recorded at commit: a missing manifest, a missing file or a different hash is an error naming
+// the file. VerifyCheckpoint checks every file the manifest lists.
+Status VerifyCheckpointFile(const std::string& dir, const std::string& relative);
+Status VerifyCheckpoint(const std::string& dir);
+
+// This rank's shard of checkpoint `dir`, verified, into the FSDP state (master weights and AdamW
+// moments). A checkpoint written by another number of workers is an error that says so.
+Status LoadCheckpointShard(const std::string& dir, FsdpModel& fsdp, int rank, int world);
+
+// Removes the .pending_epoch_* directories a killed run left behind; returns how many.
+int RemoveStalePendingCheckpoints(const std::string& run_dir);
+
+}  // namespace st
