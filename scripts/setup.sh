@@ -19,11 +19,20 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} Debian packages already installed"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# deploy/.venv: Ray, the kubernetes client and pytest for the deploy/ adapters and their tests
+# (never needed to build slicetrain or for its C++ tests; quick when already there). Without it the
+# deploy tests are skipped, except under CI=true. SLICETRAIN_SKIP_DEPLOY_VENV=1 skips it (images).
+if [ "${SLICETRAIN_SKIP_DEPLOY_VENV:-}" != "1" ]; then
+  if ! "$(dirname "${BASH_SOURCE[0]}")/../deploy/setup_venv.sh"; then
+    echo "setup: deploy/.venv could not be made; the deploy tests will be skipped"
+    if [ "${CI:-}" = "true" ]; then exit 1; fi
+  fi
+fi

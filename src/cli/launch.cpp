@@ -2,7 +2,9 @@
 // -- <subcommand args>`: starts this host's workers of a multi-host job (the role of torchrun),
 // prefixes their output with "(rank R pid=P ip=A)", forwards signals, and takes the group down
 // when one worker fails. Host layout comes from flags or the cluster environment (docs/runtime.md).
+#include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "dist/socket.h"
@@ -17,8 +19,37 @@ namespace {
 struct LaunchArgs {
   launch::LaunchFlags flags;
   int grace_ms = 3000;
+  bool dry_run = false;
   std::vector<std::string> command;
 };
+
+// `--dry-run`: what this host would start, as one JSON object on stdout (no process is started, no
+// name is resolved). Deployment tests feed a pod's environment to it; users check a job spec with
+// it.
+void PrintDryRun(const launch::ClusterEnv& env, int nproc,
+                 const std::vector<std::string>& command) {
+  nlohmann::json j;
+  j["source"] = env.source;
+  j["nnodes"] = env.nnodes;
+  j["node_rank"] = env.node_rank;
+  j["nproc_per_node"] = nproc;
+  j["world_size"] = env.nnodes * nproc;
+  std::vector<int> ranks;
+  for (int i = 0; i < nproc; ++i) ranks.push_back(env.node_rank * nproc + i);
+  j["ranks"] = ranks;
+  j["hosts"] = env.hosts;
+  j["master_addr"] = env.master_addr;
+  j["master_port"] = env.master_port;
+  j["master_port_explicit"] = env.master_port_explicit;
+  j["host_ip"] = env.host_ip;  // "" = derived at start-up from the route to master_addr
+  j["secret_set"] = !env.secret.empty();
+  j["tpu_name"] = env.tpu_name;
+  j["tpu_topology"] = env.tpu_topology;
+  j["collective_timeout_ms"] = env.collective_timeout_ms;
+  j["command"] = command;
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
 
 Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
@@ -33,6 +64,10 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
       return InvalidArgument(
           "a multi-host launch needs SLICETRAIN_SECRET set to the same value on every host");
     secret = launch::NewSecret();
+  }
+  if (a.dry_run) {
+    PrintDryRun(env, nproc, a.command);
+    return Status::Ok();
   }
   std::string host_ip = env.host_ip;
   if (host_ip.empty()) {
@@ -79,6 +114,8 @@ void RegisterLaunchCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--master-port", a->flags.master_port, "Port of the rendezvous store (29500)");
   cmd->add_option("--grace-ms", a->grace_ms, "SIGTERM -> SIGKILL grace when stopping workers")
       ->capture_default_str();
+  cmd->add_flag("--dry-run", a->dry_run,
+                "Print the resolved host layout and ranks as JSON and start nothing");
   cmd->add_option("command", a->command, "-- <subcommand args> run by every worker")->required();
   cmd->callback([&ctx, a] {
     int code = 0;

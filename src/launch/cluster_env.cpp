@@ -166,8 +166,8 @@ StatusOr<ClusterEnv> DetectClusterEnv(const EnvMap& env, const LaunchFlags& flag
     c.master_port = flags.master_port;
     c.master_port_explicit = true;
   }
-  if (flags.nnodes >= 0 || flags.node_rank >= 0 || flags.nproc_per_node >= 0)
-    c.source = "flags (--nnodes/--node-rank/--nproc-per-node)";
+  // --nproc-per-node alone does not decide the host layout, so it keeps the source that did.
+  if (flags.nnodes >= 0 || flags.node_rank >= 0) c.source = "flags (--nnodes/--node-rank)";
 
   // Contradictions.
   if (c.nnodes < 1) return InvalidArgument("the number of hosts (nnodes) must be at least 1");

@@ -1,0 +1,5 @@
+import sys
+
+from .adapter import main
+
+sys.exit(main())
