@@ -132,3 +132,24 @@ def test_a_failing_host_fails_the_job_with_a_clear_message(ray_cluster, slicetra
     assert "slicetrain_ray: error: the job failed: host " in out
     # Every host's own output (its launcher's error) was streamed back to the driver.
     assert "[host 0] " in out and "[host 1] " in out
+
+
+def test_one_lost_host_stops_the_others(ray_cluster, slicetrain_bin, tmp_path):
+    # Host 1's "slicetrain" dies at once; host 0 then waits for it at the rendezvous and must be
+    # stopped by the adapter after --stop-grace-s, its launcher and workers with it.
+    wrapper = tmp_path / "slicetrain-host1-dies"
+    wrapper.write_text(
+        "#!/usr/bin/env bash\n"
+        'case " $* " in *" --node-rank 1 "*) echo "host 1 lost" >&2; exit 3 ;; esac\n'
+        f'exec "{slicetrain_bin}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    rc, out, result = run_adapter(
+        ray_cluster, str(wrapper), tmp_path,
+        "--stop-grace-s", "2",
+        "collectives", "--topology", "2x1", "--accelerator-type", "CPU", "--hidden-dim", "32",
+    )
+    assert rc == 1, out
+    assert result["exit_codes"][1] == 3 and result["exit_codes"][0] != 0
+    assert "the job failed: host 1 (" in out and "failed first, exit code 3" in out
+    assert "host 1 lost" in out

@@ -413,6 +413,7 @@ def _run_hosts(ray, actors, plans: List[HostPlan], stop_grace_s: float, out) -> 
     tails: List[List[str]] = [[] for _ in range(n)]
     print_lock = threading.Lock()
     first_failure = threading.Event()
+    fail_order: List[int] = []  # node ranks in the order they failed: the first is the cause
     done = [threading.Event() for _ in range(n)]
 
     def consume(p: HostPlan) -> None:
@@ -437,6 +438,8 @@ def _run_hosts(ray, actors, plans: List[HostPlan], stop_grace_s: float, out) -> 
             tails[p.node_rank].append(f"slicetrain_ray: host actor failed: {e}")
             result.exit_codes[p.node_rank] = 1
         if result.exit_codes[p.node_rank] != 0:
+            with print_lock:
+                fail_order.append(p.node_rank)
             first_failure.set()
         done[p.node_rank].set()
 
@@ -462,12 +465,12 @@ def _run_hosts(ray, actors, plans: List[HostPlan], stop_grace_s: float, out) -> 
         t.join(timeout=60)
     failed = [p.node_rank for p in plans if result.exit_codes[p.node_rank] != 0]
     if failed:
-        first = failed[0]
+        first = fail_order[0] if fail_order else failed[0]
         result.failed_host = first
         last = " | ".join(tails[first][-3:])
         result.message = (
-            f"host {first} ({plans[first].ip}) exited with code {result.exit_codes[first]}; "
-            f"failed hosts: {failed}; its last lines: {last}"
+            f"host {first} ({plans[first].ip}) failed first, exit code {result.exit_codes[first]}; "
+            f"hosts not exiting 0: {failed}; its last lines: {last}"
         )
     return result
 
