@@ -290,5 +290,34 @@ TEST(Collate, TruncationKeepsSpecialsAndLeftPadding) {
   EXPECT_EQ(b.labels, (std::vector<int32_t>{kIgnoreIndex, 2, 3, 4, 1}));
 }
 
+// A record longer than kMaxDatasetRecordBytes is refused by line number instead of being held.
+TEST(Dataset, HugeRecordIsAnErrorNotAnAllocation) {
+  TempDir d;
+  const std::string big(kMaxDatasetRecordBytes + 1, 'a');
+  std::string f = d.Write("x.jsonl", "{\"instruction\": \"a\", \"response\": \"b\"}\n" + big);
+  DatasetReport rep;
+  Status st;
+  ReadAll({f, "train", "", "", ""}, &rep, &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("line 2: the line is longer than 16 MiB"), std::string::npos)
+      << st.message();
+  std::string g = d.Write("x.json", "[{\"instruction\": \"" + big + "\", \"response\": \"b\"}]");
+  ReadAll({g, "train", "", "", ""}, &rep, &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("longer than 16 MiB"), std::string::npos) << st.message();
+}
+
+// When no record is usable the error says why the first one is not (here: invalid UTF-8).
+TEST(Dataset, InvalidUtf8IsNamed) {
+  TempDir d;
+  std::string f = d.Write("x.jsonl", "{\"instruction\": \"\xff\", \"response\": \"b\"}\n");
+  DatasetReport rep;
+  Status st;
+  ReadAll({f, "train", "", "", ""}, &rep, &st);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("line 1 is not valid JSON (invalid UTF-8)"), std::string::npos)
+      << st.message();
+}
+
 }  // namespace
 }  // namespace st

@@ -328,5 +328,19 @@ TEST(HfModel, MissingTensorAndWrongShapeAreErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// Found by fuzz/fuzz_config.cpp: a non-string model_type threw nlohmann::type_error.
+TEST(Config, WrongTypesAndAbsurdSizesAreErrors) {
+  auto bad = ParseGemma4Config(R"({"model_type": 4})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'model_type' has the wrong type"), std::string::npos);
+  auto huge = ParseGemma4Config(R"({"model_type": "gemma4_text", "vocab_size": 2147483648,
+      "vocab_size_per_layer_input": 2147483648, "hidden_size": 65536})");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("billion parameters"), std::string::npos)
+      << huge.status().message();
+  EXPECT_TRUE(PresetConfig("gemma4-e2b").ok());
+}
+
 }  // namespace
 }  // namespace st

@@ -117,5 +117,39 @@ TEST(PrefixStore, IsolatesGroups) {
   ExerciseStore(a, a);
 }
 
+// The server's request decoding (fuzz/fuzz_store_protocol.cpp fuzzes it) rejects what a client
+// never sends, and serving never overflows: a huge timeout, an Add past INT64_MAX.
+TEST(StoreProtocol, DecodeRejectsMalformedRequests) {
+  auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  auto i64 = [](int64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
+  // Request bytes from parts (appends: GCC 12 warns falsely on "literal" + std::string).
+  auto req = [](std::initializer_list<std::string> parts) {
+    std::string r;
+    for (const std::string& p : parts) r.append(p);
+    return r;
+  };
+  const std::string set = req({"\x01", u32(1), "k", u32(1), "v"});
+  auto ok = DecodeStoreRequest(set);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->keys, std::vector<std::string>{"k"});
+  EXPECT_EQ(ok->value, "v");
+  EXPECT_FALSE(DecodeStoreRequest("").ok());
+  EXPECT_FALSE(DecodeStoreRequest("\x09").ok());                           // unknown op
+  EXPECT_FALSE(DecodeStoreRequest(set.substr(0, set.size() - 1)).ok());    // truncated
+  EXPECT_FALSE(DecodeStoreRequest(req({set, "x"})).ok());                  // trailing bytes
+  EXPECT_FALSE(DecodeStoreRequest(req({"\x01", u32(0xffffffffu)})).ok());  // length past the end
+  EXPECT_FALSE(DecodeStoreRequest(req({"\x05", u32(1000000), u32(0)})).ok());  // keys past the end
+
+  KvTable table;
+  table.Set("k", "v");
+  auto get = DecodeStoreRequest(req({"\x02", u32(1), "k", i64(INT64_MAX)}));
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ(ServeStoreRequest(table, *get), req({std::string(1, '\0'), u32(1), "v"}));
+  auto add = DecodeStoreRequest(req({"\x03", u32(1), "n", i64(INT64_MAX)}));
+  ASSERT_TRUE(add.ok());
+  (void)ServeStoreRequest(table, *add);
+  EXPECT_EQ(ServeStoreRequest(table, *add), req({std::string(1, '\0'), i64(-2)}));  // wraps
+}
+
 }  // namespace
 }  // namespace st::dist

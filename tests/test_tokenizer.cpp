@@ -177,5 +177,32 @@ TEST(Tokenizer, ManyAddedTokensLeftmostLongest) {
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{22, 0}, true), "x");
 }
 
+// Files the loader used to accept silently or crash on (tests/bad_inputs/tokenizer has more).
+TEST(Tokenizer, InconsistentIdsAndWrongTypesAreErrors) {
+  auto tok = [](nlohmann::json model, nlohmann::json extra = nlohmann::json::object()) {
+    nlohmann::json j = {{"model", model}};
+    j.update(extra);
+    return Tokenizer::FromJson(j.dump());
+  };
+  nlohmann::json bpe = {
+      {"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}}, {"merges", nlohmann::json::array()}};
+  ASSERT_TRUE(tok(bpe).ok());
+  nlohmann::json dup = bpe;
+  dup["vocab"]["c"] = 1;  // two tokens, one id
+  EXPECT_NE(tok(dup).status().message().find("gives id 1 to both"), std::string::npos);
+  nlohmann::json sparse = bpe;
+  sparse["vocab"]["c"] = 2000000000;  // would size the id tables at 2^31 entries
+  EXPECT_NE(tok(sparse).status().message().find("(nearly) dense"), std::string::npos);
+  nlohmann::json type = bpe;
+  type["type"] = nlohmann::json::array({"BPE"});  // threw nlohmann::type_error
+  EXPECT_EQ(tok(type).status().code(), StatusCode::kInvalidArgument);
+  nlohmann::json pp = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {900000}}}}}}};
+  EXPECT_NE(tok(bpe, {{"post_processor", pp}}).status().message().find("outside the vocabulary"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace st

@@ -181,6 +181,14 @@ void RegisterCollectivesCommand(CLI::App& app, Context& ctx) {
                           launch::ResolveTopology(a->accelerator_type, a->topology));
       if (a->batch_size < 1 || a->hidden_dim < 1)
         return InvalidArgument("--batch-size and --hidden-dim must be positive");
+      // The MLP weights (2 x [4d, d]) and activations ([B, 4d] and friends) of every worker: a
+      // size that cannot be allocated is a flag error, not an abort in each worker.
+      const double d = static_cast<double>(a->hidden_dim), b = static_cast<double>(a->batch_size);
+      const double gib = (8 * d * d + 16 * b * d) * sizeof(float) / double(1 << 30);
+      if (gib > 16)
+        return InvalidArgument(StrCat("--batch-size ", a->batch_size, " and --hidden-dim ",
+                                      a->hidden_dim, " need about ", static_cast<int64_t>(gib),
+                                      " GiB per worker; the limit is 16 GiB"));
       ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
                           launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
       if (!env.is_worker()) return RunEmbedded(*a, topo, &code);

@@ -27,20 +27,46 @@ bool IsStop(const Status& s) {
 // One raw record of a file: its text and the line it starts on.
 using RawFn = std::function<Status(int64_t index, int64_t line, std::string_view text)>;
 
-// Calls fn for every non-blank line. Stops early when fn returns an error.
+std::string TooLong(const std::string& path, int64_t line, const char* what) {
+  return StrCat(path, ": line ", line, ": ", what, " longer than ", kMaxDatasetRecordBytes >> 20,
+                " MiB; is this a JSONL/JSON data set?");
+}
+
+// Calls fn for every non-blank line. Stops early when fn returns an error. Reads in blocks so that
+// a line longer than kMaxDatasetRecordBytes is refused before it is held whole.
 Status ScanJsonl(const std::string& path, const RawFn& fn) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return IoError(StrCat(path, ": cannot open: ", std::strerror(errno)));
   std::string line;
   int64_t lineno = 0, index = 0;
-  while (std::getline(f, line)) {
+  char buf[1 << 16];
+  auto emit = [&]() -> Status {
     ++lineno;
     if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    ST_RETURN_IF_ERROR(fn(index++, lineno, line));
+    Status s = Status::Ok();
+    if (line.find_first_not_of(" \t") != std::string::npos) s = fn(index++, lineno, line);
+    line.clear();
+    return s;
+  };
+  for (;;) {
+    f.read(buf, sizeof(buf));
+    const std::streamsize n = f.gcount();
+    if (n <= 0) break;
+    std::string_view chunk(buf, static_cast<size_t>(n));
+    for (size_t nl; (nl = chunk.find('\n')) != std::string_view::npos;) {
+      if (line.size() + nl > kMaxDatasetRecordBytes)
+        return InvalidArgument(TooLong(path, lineno + 1, "the line is"));
+      line.append(chunk.substr(0, nl));
+      chunk.remove_prefix(nl + 1);
+      ST_RETURN_IF_ERROR(emit());
+    }
+    if (line.size() + chunk.size() > kMaxDatasetRecordBytes)
+      return InvalidArgument(TooLong(path, lineno + 1, "the line is"));
+    line.append(chunk);
   }
   if (f.bad()) return IoError(StrCat(path, ": read failed"));
+  if (!line.empty()) ST_RETURN_IF_ERROR(emit());
   return Status::Ok();
 }
 
@@ -77,6 +103,8 @@ Status ScanJsonArray(const std::string& path, const RawFn& fn) {
         continue;
       }
       if (in_string) {
+        if (elem.size() >= kMaxDatasetRecordBytes)
+          return InvalidArgument(TooLong(path, elem_line, "the record starting here is"));
         elem.push_back(c);
         if (escape)
           escape = false;
@@ -96,6 +124,8 @@ Status ScanJsonArray(const std::string& path, const RawFn& fn) {
       }
       if (elem.empty() && std::isspace(static_cast<unsigned char>(c))) continue;
       if (elem.empty()) elem_line = line;
+      if (elem.size() >= kMaxDatasetRecordBytes)
+        return InvalidArgument(TooLong(path, elem_line, "the record starting here is"));
       elem.push_back(c);
       if (c == '"') in_string = true;
       if (c == '{' || c == '[') ++depth;
@@ -232,6 +262,25 @@ std::string DatasetReport::Summary() const {
 
 namespace {
 
+// Whether s is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool ValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (d & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
 // Reads one field: absent -> nullopt with no error; a string -> value; else error text.
 bool GetString(const json& rec, const std::string& field, std::string* out, std::string* why) {
   auto it = rec.find(field);
@@ -301,10 +350,15 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
   const bool need_count = ds.split_.needs_count();
   int64_t count = 0;
   auto scan = ds.json_array_ ? ScanJsonArray : ScanJsonl;
-  Status s = scan(ds.file_, [&](int64_t, int64_t, std::string_view text) -> Status {
+  std::string first_bad;  // why the first unusable record is unusable, for the error below
+  Status s = scan(ds.file_, [&](int64_t, int64_t line, std::string_view text) -> Status {
     ++count;
     if (ds.layout_ == DatasetLayout::kDetect) {
       json rec = json::parse(text, nullptr, false);
+      if (first_bad.empty() && (rec.is_discarded() || !rec.is_object()))
+        first_bad = StrCat("; line ", line, " is ",
+                           rec.is_discarded() ? "not valid JSON" : "not a JSON object",
+                           ValidUtf8(text) ? "" : " (invalid UTF-8)");
       if (!rec.is_discarded() && rec.is_object()) {
         if (rec.contains("instruction") && rec.contains("response"))
           ds.layout_ = DatasetLayout::kDolly;
@@ -321,7 +375,8 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
         StrCat(ds.file_,
                ": no record has Dolly's fields (instruction, response) or Alpaca's "
                "(instruction, output); name the fields with --instruction-field, "
-               "--context-field, --response-field"));
+               "--context-field, --response-field",
+               first_bad));
   if (ds.layout_ == DatasetLayout::kDolly) {
     ds.f_instruction_ = "instruction", ds.f_context_ = "context", ds.f_response_ = "response";
   } else if (ds.layout_ == DatasetLayout::kAlpaca) {

@@ -20,6 +20,10 @@ namespace st {
 
 // `name[begin:end]` with absolute or percent bounds, negative counting from the end (Python
 // slices).
+// The longest record (a JSONL line, or an element of a JSON array) a reader accepts; a longer
+// one is an error rather than an unbounded allocation (a file with no newlines, say).
+constexpr size_t kMaxDatasetRecordBytes = size_t{16} << 20;
+
 struct SplitSpec {
   struct Bound {
     bool set = false;

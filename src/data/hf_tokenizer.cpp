@@ -273,9 +273,15 @@ Status Bpe::Parse(const json& m) {
         StrCat("model '", m.value("type", ""), "' is not supported (only BPE models are)"));
   if (!m.contains("vocab") || !m["vocab"].is_object())
     return InvalidArgument("model.vocab is missing or not an object");
+  std::unordered_map<int32_t, std::string>
+      by_id;  // two tokens with one id would decode ambiguously
   for (auto& [tok, id] : m["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
       return InvalidArgument(StrCat("model.vocab['", tok, "'] is not a valid id"));
+    auto [it, fresh] = by_id.emplace(id.get<int32_t>(), tok);
+    if (!fresh)
+      return InvalidArgument(StrCat("model.vocab gives id ", it->first, " to both '", it->second,
+                                    "' and '", tok, "'"));
     vocab_.emplace(tok, id.get<int32_t>());
   }
   auto str_or_empty = [&](const char* key) {
@@ -665,7 +671,12 @@ Status ParseTemplate(const json& pp, const TokenMap& specials_map,
       std::string name = item["SpecialToken"].value("id", "");
       std::vector<int32_t> ids;
       if (specials.contains(name) && specials[name].contains("ids")) {
-        for (const json& i : specials[name]["ids"]) ids.push_back(i.get<int32_t>());
+        for (const json& i : specials[name]["ids"]) {
+          const int64_t id = i.get<int64_t>();
+          if (id < 0 || id > INT32_MAX)
+            return InvalidArgument(StrCat("post-processor token '", name, "' has id ", id));
+          ids.push_back(static_cast<int32_t>(id));
+        }
       } else if (auto it = specials_map.find(name); it != specials_map.end()) {
         ids.push_back(it->second);
       } else {
@@ -687,7 +698,9 @@ Status HfTokenizer::Parse(const json& j) {
   int32_t max_id = -1;
   for (const auto& [t, id] : bpe_.vocab()) max_id = std::max(max_id, id);
   for (const json& a : j.value("added_tokens", json::array())) {
-    AddedToken t{a.value("content", ""),      a.value("id", -1),
+    const int64_t id = a.value("id", int64_t{-1});
+    if (id > INT32_MAX) return InvalidArgument(StrCat("added token id ", id, " is too large"));
+    AddedToken t{a.value("content", ""),      static_cast<int32_t>(id),
                  a.value("special", false),   a.value("lstrip", false),
                  a.value("rstrip", false),    a.value("single_word", false),
                  a.value("normalized", false)};
@@ -698,6 +711,12 @@ Status HfTokenizer::Parse(const json& j) {
     if (t.normalized) t.content = Normalize(normalizers_, t.content);
     added_.push_back(std::move(t));
   }
+  // Ids index dense tables: a file whose ids are far larger than its number of tokens would make
+  // them huge (an id of 2^31 - 1 alone would ask for 64 GiB), so it is refused.
+  const int64_t tokens = static_cast<int64_t>(bpe_.vocab().size() + added_.size());
+  if (max_id >= 2 * tokens + 1024)
+    return InvalidArgument(StrCat("the largest token id is ", max_id, " but there are only ",
+                                  tokens, " tokens; ids must be (nearly) dense from 0"));
   id_to_token_.assign(max_id + 1, std::string());
   is_special_.assign(max_id + 1, 0);
   for (const auto& [t, id] : bpe_.vocab()) id_to_token_[id] = t;
@@ -708,7 +727,13 @@ Status HfTokenizer::Parse(const json& j) {
   }
   TokenMap all(added_by_content_);
   for (const auto& kv : bpe_.vocab()) all.insert(kv);
-  return ParseTemplate(j.value("post_processor", json()), all, &template_);
+  ST_RETURN_IF_ERROR(ParseTemplate(j.value("post_processor", json()), all, &template_));
+  for (const auto& [is_text, ids] : template_)
+    for (int32_t id : ids)
+      if (id < 0 || id > max_id)
+        return InvalidArgument(StrCat("post-processor special token id ", id,
+                                      " is outside the vocabulary [0, ", max_id, "]"));
+  return Status::Ok();
 }
 
 template <typename OnText, typename OnToken>
@@ -796,7 +821,13 @@ StatusOr<std::unique_ptr<TokenizerBackend>> LoadHfTokenizerJson(std::string_view
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("not valid JSON");
   auto t = std::make_unique<HfTokenizer>();
-  ST_RETURN_IF_ERROR(t->Parse(j));
+  // Parse checks the fields it relies on; a field of an unexpected JSON type elsewhere throws from
+  // nlohmann's accessors, which must not cross this boundary.
+  try {
+    ST_RETURN_IF_ERROR(t->Parse(j));
+  } catch (const json::exception& e) {
+    return InvalidArgument(StrCat("a field has an unexpected JSON type: ", e.what()));
+  }
   return std::unique_ptr<TokenizerBackend>(std::move(t));
 }
 

@@ -42,7 +42,10 @@ int64_t KvTable::Add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kv_.find(key);
-    v = (it == kv_.end() ? 0 : std::strtoll(it->second.c_str(), nullptr, 10)) + delta;
+    const int64_t old = it == kv_.end() ? 0 : std::strtoll(it->second.c_str(), nullptr, 10);
+    // Wraps around like a two's-complement counter: a client can send any delta, and signed
+    // overflow would be undefined behaviour in the server.
+    v = static_cast<int64_t>(static_cast<uint64_t>(old) + static_cast<uint64_t>(delta));
     kv_[key] = std::to_string(v);
   }
   cv_.notify_all();
@@ -98,8 +101,8 @@ StatusOr<std::string> MemoryStore::CompareSet(const std::string& key, const std:
 }
 Status MemoryStore::Wait(const std::vector<std::string>& keys, const StoreOptions& opts) {
   if (!table_.WaitFor(keys, std::chrono::steady_clock::now() + opts.timeout))
-    return IoError(StrCat("store wait for [", JoinKeys(keys), "] timed out after ",
-                          opts.timeout.count(), " ms"));
+    return Unavailable(StrCat("store wait for [", JoinKeys(keys), "] timed out after ",
+                              opts.timeout.count(), " ms"));
   return Status::Ok();
 }
 StatusOr<bool> MemoryStore::Check(const std::vector<std::string>& keys, const StoreOptions&) {

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace st::dist {
@@ -30,14 +31,14 @@ void PutStr(std::string& s, const std::string& v) {
 
 // Reads fields from a request or reply; any overrun marks it bad.
 struct Reader {
-  const std::string& s;
+  std::string_view s;
   size_t pos = 0;
   bool bad = false;
   // noinline: GCC 12 otherwise reports a false -Wmaybe-uninitialized on short (SSO) strings.
   template <typename T>
   [[gnu::noinline]] T Fixed() {
     T v{};
-    if (pos + sizeof(T) > s.size()) {
+    if (bad || s.size() - pos < sizeof(T)) {
       bad = true;
       return v;
     }
@@ -47,11 +48,11 @@ struct Reader {
   }
   std::string Str() {
     uint32_t n = Fixed<uint32_t>();
-    if (bad || pos + n > s.size()) {
+    if (bad || s.size() - pos < n) {
       bad = true;
       return {};
     }
-    std::string v = s.substr(pos, n);
+    std::string v(s.substr(pos, n));
     pos += n;
     return v;
   }
@@ -153,55 +154,86 @@ void TcpStoreServer::Serve(Fd client) {
   client.Reset();
 }
 
-Status TcpStoreServer::HandleOne(int fd, bool* keep_going) {
-  ST_ASSIGN_OR_RETURN(std::string req, RecvFrame(fd, Clock::now() + kForever));
-  Reader r{req};
+StatusOr<StoreRequest> DecodeStoreRequest(std::string_view payload) {
+  Reader r{payload};
+  StoreRequest q;
   const uint8_t op = r.Fixed<uint8_t>();
-  std::string reply(1, static_cast<char>(kOk));
-  auto deadline_from = [](int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); };
   switch (op) {
-    case kSet: {
-      std::string k = r.Str(), v = r.Str();
-      if (!r.bad) table_.Set(k, v);
+    case kSet:
+      q.keys = {r.Str()};
+      q.value = r.Str();
       break;
-    }
-    case kGet: {
-      std::string k = r.Str();
-      int64_t ms = r.Fixed<int64_t>();
-      if (r.bad) break;
-      if (table_.WaitFor({k}, deadline_from(ms)))
-        PutStr(reply, table_.GetExisting(k));
+    case kGet:
+      q.keys = {r.Str()};
+      q.number = r.Fixed<int64_t>();
+      break;
+    case kAdd:
+      q.keys = {r.Str()};
+      q.number = r.Fixed<int64_t>();
+      break;
+    case kCas:
+      q.keys = {r.Str()};
+      q.expected = r.Str();
+      q.value = r.Str();
+      break;
+    case kWait:
+      q.keys = ReadKeys(r);
+      q.number = r.Fixed<int64_t>();
+      break;
+    case kCheck:
+      q.keys = ReadKeys(r);
+      break;
+    default:
+      return InvalidArgument(StrCat("store request with unknown op ", static_cast<int>(op)));
+  }
+  if (r.bad)
+    return InvalidArgument(StrCat("store request (op ", static_cast<int>(op), ") runs past its ",
+                                  payload.size(), "-byte frame"));
+  if (r.pos != payload.size())
+    return InvalidArgument(StrCat("store request (op ", static_cast<int>(op), ") has ",
+                                  payload.size() - r.pos, " trailing bytes"));
+  q.op = static_cast<StoreRequest::Op>(op);
+  return q;
+}
+
+std::string ServeStoreRequest(KvTable& table, const StoreRequest& q) {
+  std::string reply(1, static_cast<char>(kOk));
+  // A client's timeout is any int64; clamp it so that the deadline arithmetic cannot overflow.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::clamp<int64_t>(
+                                           q.number, 0, kForever / std::chrono::milliseconds(1)));
+  switch (q.op) {
+    case StoreRequest::Op::kSet:
+      table.Set(q.keys[0], q.value);
+      break;
+    case StoreRequest::Op::kGet:
+      if (table.WaitFor(q.keys, deadline))
+        PutStr(reply, table.GetExisting(q.keys[0]));
       else
         reply[0] = static_cast<char>(kTimeout);
       break;
-    }
-    case kAdd: {
-      std::string k = r.Str();
-      int64_t d = r.Fixed<int64_t>();
-      if (!r.bad) PutI64(reply, table_.Add(k, d));
+    case StoreRequest::Op::kAdd:
+      PutI64(reply, table.Add(q.keys[0], q.number));
       break;
-    }
-    case kCas: {
-      std::string k = r.Str(), e = r.Str(), d = r.Str();
-      if (!r.bad) PutStr(reply, table_.CompareSet(k, e, d));
+    case StoreRequest::Op::kCas:
+      PutStr(reply, table.CompareSet(q.keys[0], q.expected, q.value));
       break;
-    }
-    case kWait: {
-      auto keys = ReadKeys(r);
-      int64_t ms = r.Fixed<int64_t>();
-      if (!r.bad && !table_.WaitFor(keys, deadline_from(ms)))
-        reply[0] = static_cast<char>(kTimeout);
+    case StoreRequest::Op::kWait:
+      if (!table.WaitFor(q.keys, deadline)) reply[0] = static_cast<char>(kTimeout);
       break;
-    }
-    case kCheck: {
-      auto keys = ReadKeys(r);
-      if (!r.bad) reply.push_back(table_.Check(keys) ? 1 : 0);
+    case StoreRequest::Op::kCheck:
+      reply.push_back(table.Check(q.keys) ? 1 : 0);
       break;
-    }
-    default:
-      r.bad = true;
   }
-  if (r.bad) {
+  return reply;
+}
+
+Status TcpStoreServer::HandleOne(int fd, bool* keep_going) {
+  ST_ASSIGN_OR_RETURN(std::string req, RecvFrame(fd, Clock::now() + kForever));
+  StatusOr<StoreRequest> q = DecodeStoreRequest(req);
+  std::string reply;
+  if (q.ok()) {
+    reply = ServeStoreRequest(table_, *q);
+  } else {
     reply.assign(1, static_cast<char>(kBadRequest));
     *keep_going = false;
   }
@@ -237,7 +269,7 @@ Status TcpStoreClient::Call(const std::string& request, std::string* reply,
       *reply = r->substr(1);
       return Status::Ok();
     case kTimeout:
-      return IoError(StrCat(where_, ": ", what, " timed out after ", wait.count(), " ms"));
+      return Unavailable(StrCat(where_, ": ", what, " timed out after ", wait.count(), " ms"));
     default:
       return Internal(StrCat(where_, ": server refused ", what));
   }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,24 @@
 #include "dist/store.h"
 
 namespace st::dist {
+
+// One client request as the server sees it, decoded from a frame's payload (the bytes after the
+// 4-byte length; layout in docs/runtime.md). Decoding is a pure function so that it can be tested
+// and fuzzed without sockets (fuzz/fuzz_store_protocol.cpp).
+struct StoreRequest {
+  enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCas = 4, kWait = 5, kCheck = 6 };
+  Op op = Op::kSet;
+  std::vector<std::string> keys;  // one for set/get/add/compare_set; any number for wait/check
+  std::string value;              // set: the value; compare_set: the desired value
+  std::string expected;           // compare_set only
+  int64_t number = 0;             // get/wait: timeout in ms; add: the delta
+};
+
+// InvalidArgument for an unknown op, a length running past the payload, or trailing bytes.
+StatusOr<StoreRequest> DecodeStoreRequest(std::string_view payload);
+// Serves a decoded request against `table` (get/wait block up to their timeout, clamped to
+// [0, one year]) and returns the reply payload: a status byte, then the op's fields.
+std::string ServeStoreRequest(KvTable& table, const StoreRequest& request);
 
 // Serves the store on its own threads (one accept thread, one thread per client) until destroyed.
 class TcpStoreServer {

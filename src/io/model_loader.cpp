@@ -12,8 +12,24 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
   if (std::filesystem::is_directory(model_id, ec)) {
     ST_ASSIGN_OR_RETURN(m.config, LoadGemma4Config(model_id + "/config.json"));
     m.registry = BuildParamRegistry(m.config);
-    m.params = AlignedBuffer(m.registry.layout.total());
     ST_ASSIGN_OR_RETURN(std::vector<std::string> files, ModelWeightFiles(model_id));
+    // Weights take at least a byte each: files far smaller than the config's parameter count
+    // cannot hold the model, so say so before allocating the arena that config.json alone sized
+    // (an absurd config would otherwise fail as an allocation, not as a message). Small models go
+    // on to LoadParams, which names the first missing or misshapen tensor.
+    const int64_t total = m.registry.layout.total();
+    if (total > (int64_t{1} << 28)) {
+      uintmax_t bytes = 0;
+      for (const std::string& f : files) {
+        const uintmax_t n = std::filesystem::file_size(f, ec);
+        if (!ec) bytes += n;
+      }
+      if (static_cast<uintmax_t>(total) > bytes)
+        return DataLoss(StrCat(model_id, "/config.json describes ", total,
+                               " parameters but the weight files hold only ", bytes,
+                               " bytes; config.json does not match the weights"));
+    }
+    m.params = AlignedBuffer(m.registry.layout.total());
     ST_ASSIGN_OR_RETURN(LoadReport report,
                         LoadParams(files, m.config, m.registry, m.params.data()));
     m.source = model_id;

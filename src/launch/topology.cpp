@@ -106,6 +106,12 @@ StatusOr<Topology> ResolveTopology(const std::string& accelerator_type, const st
   if (dims.size() > 2)
     return InvalidArgument(StrCat("topology '", shape, "' for ", accelerator_type,
                                   " must be D (one host of D devices) or HxD (H hosts of D)"));
+  // Each dimension has at most 6 digits, so the product fits in int64 but not always in int.
+  int64_t workers = 1;
+  for (int d : dims) workers *= d;
+  if (workers > kMaxWorldSize)
+    return InvalidArgument(StrCat("topology '", shape, "' has ", workers,
+                                  " workers, more than the limit of ", kMaxWorldSize));
   t.accelerator_type = gpu ? "GPU-" + upper.substr(4) : "CPU";
   t.hosts = dims.size() == 2 ? dims[0] : 1;
   t.chips_per_host = dims.back();

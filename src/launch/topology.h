@@ -10,6 +10,10 @@
 
 namespace st::launch {
 
+// The largest world size a topology may describe (a typo such as 100000x100000 is refused instead
+// of overflowing the worker count).
+constexpr int64_t kMaxWorldSize = 65536;
+
 struct Topology {
   std::string accelerator_type;  // "TPU-V6E", "TPU-V7X", "GPU-H100", "CPU"
   std::string shape;             // "4x4", "2x2x2", ...

@@ -80,6 +80,23 @@ Status Gemma4Config::Validate() const {
     if (!(r->partial_rotary_factor > 0 && r->partial_rotary_factor <= 1))
       return bad("partial_rotary_factor must be in (0, 1]");
   }
+  // Every field can be in range while their product is absurd (a 2^31 vocabulary of 65536-wide
+  // embeddings): bound the parameter count (roughly, in floating point) before anything sizes an
+  // arena from it.
+  double params = static_cast<double>(vocab_size) * static_cast<double>(hidden_size);
+  if (hidden_size_per_layer_input > 0)
+    params += static_cast<double>(vocab_size_per_layer_input) *
+              static_cast<double>(num_hidden_layers) *
+              static_cast<double>(hidden_size_per_layer_input);
+  for (int64_t i = 0; i < num_hidden_layers; ++i)
+    params += static_cast<double>(hidden_size) *
+              (2.0 * static_cast<double>(num_attention_heads * HeadDim(i)) +
+               2.0 * static_cast<double>(KvHeads(i) * HeadDim(i)) + 3.0 * MlpWidth(i));
+  constexpr double kMaxParams = 1099511627776.0;  // 2^40: 4 TiB of fp32 weights
+  if (params > kMaxParams)
+    return bad(StrCat("the model would have about ", static_cast<int64_t>(params / 1e9),
+                      " billion parameters, more than the limit of ",
+                      static_cast<int64_t>(kMaxParams / 1e9), " billion"));
   if (pad_token_id < 0 || pad_token_id >= vocab_size)
     return bad(StrCat("pad_token_id ", pad_token_id, " is outside the vocabulary"));
   return Status::Ok();
@@ -230,7 +247,8 @@ StatusOr<Gemma4Config> ParseGemma4Config(const std::string& json_text) {
   if (root.is_discarded()) return InvalidArgument("config.json is not valid JSON");
   if (!root.is_object()) return InvalidArgument("config.json is not a JSON object");
   Gemma4Config c;
-  std::string type = root.value("model_type", std::string());
+  std::string type;
+  ST_RETURN_IF_ERROR(Field(root, "model_type", &type));
   const json* text = &root;
   if (type == "gemma4") {
     if (!root.contains("text_config") || !root["text_config"].is_object())
