@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Writes the fuzz seed corpus (fuzz/corpus/<target>/) from the repository's own valid inputs:
+the bundled data set and tokenizer, tests/fixtures configs, and small hand-built safetensors files
+and store frames. Run from anywhere; the output is committed, so this is only needed to change it."""
+import json
+import os
+import struct
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "fuzz", "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(OUT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors, metadata=None, pad=True):
+    """tensors: list of (name, dtype, shape, raw bytes)."""
+    header, blob = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + blob
+
+
+# ---- safetensors ----
+f32 = struct.pack("<6f", 1, -2, 3.5, 0, 1e-3, -7)
+put("fuzz_safetensors", "f32_2x3.safetensors", safetensors([("w", "F32", [2, 3], f32)]))
+put("fuzz_safetensors", "mixed_dtypes.safetensors", safetensors(
+    [("a.bf16", "BF16", [2], struct.pack("<2H", 0x3f80, 0xc000)),
+     ("b.f16", "F16", [1, 2], struct.pack("<2H", 0x3c00, 0x4000)),
+     ("c.i64", "I64", [2], struct.pack("<2q", 5, -3)),
+     ("d.bool", "BOOL", [3], b"\x00\x01\x01"),
+     ("e.u8", "U8", [], b"\x07")],
+    metadata={"format": "pt"}))
+put("fuzz_safetensors", "empty_and_scalar.safetensors", safetensors(
+    [("empty", "F32", [0, 4], b""), ("scalar", "F64", [], struct.pack("<d", 2.5))], pad=False))
+put("fuzz_safetensors", "no_tensors.safetensors", safetensors([], metadata={}))
+
+# ---- data set: one control byte (bit 0: .json array, bits 1-3: split, bit 4: custom field) ----
+with open(os.path.join(ROOT, "data", "tiny_instruct", "train.jsonl"), encoding="utf-8") as f:
+    lines = [next(f) for _ in range(4)]
+put("fuzz_dataset", "dolly.jsonl", b"\x00" + "".join(lines).encode())
+put("fuzz_dataset", "dolly_split.jsonl", b"\x02" + "".join(lines[:3]).encode())
+records = [json.loads(l) for l in lines[:2]]
+alpaca = [{"instruction": r["instruction"], "input": r.get("context", ""), "output": r["response"]}
+          for r in records]
+put("fuzz_dataset", "alpaca_array.json", b"\x05" + json.dumps(alpaca, indent=1).encode())
+put("fuzz_dataset", "mixed_bad_lines.jsonl",
+    b"\x00\xef\xbb\xbf" + b'{"instruction": "a", "response": "b"}\r\n\n  \nnot json\n[1]\n'
+    b'{"instruction": 3, "response": "b"}\n{"instruction": "\\u00e9\\"}", "context": null, '
+    b'"response": "x"}\n')
+put("fuzz_dataset", "split_text.jsonl", b"\x10train[10%:-2]")
+
+# ---- tokenizer: tokenizer.json NUL text NUL tokenizer_config.json ----
+def small_tokenizer(src, keep_tokens):
+    with open(src, encoding="utf-8") as f:
+        d = json.load(f)
+    vocab = {t: i for t, i in d["model"]["vocab"].items() if i < keep_tokens}
+    d["model"]["vocab"] = vocab
+    merges = []
+    for m in d["model"]["merges"]:
+        a, b = m if isinstance(m, list) else m.split(" ", 1)
+        if a in vocab and b in vocab and a + b in vocab:
+            merges.append(m)
+    d["model"]["merges"] = merges
+    d["added_tokens"] = [t for t in d["added_tokens"] if t["id"] < keep_tokens]
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+
+
+with open(os.path.join(ROOT, "data", "tokenizer", "tokenizer_config.json"), encoding="utf-8") as f:
+    tok_config = f.read()
+bundled = small_tokenizer(os.path.join(ROOT, "data", "tokenizer", "tokenizer.json"), 400)
+gemma = small_tokenizer(os.path.join(ROOT, "tests", "fixtures", "tokenizer", "gemma_style",
+                                     "tokenizer.json"), 400)
+text = "Instruction: Name three colours.\nResponse: red, green and blue \u00e9\U0001F600 <bos>"
+put("fuzz_tokenizer", "bundled_small", bundled + "\0" + text + "\0" + tok_config)
+put("fuzz_tokenizer", "gemma_style_small", gemma + "\0" + text)
+put("fuzz_tokenizer", "gemma_style_no_config", gemma + "\0" + "  leading   spaces\tand\ttabs\n")
+
+# ---- config.json ----
+for fixture in ("tiny_text", "tiny_mm"):
+    with open(os.path.join(ROOT, "tests", "fixtures", fixture, "config.json"), "rb") as f:
+        put("fuzz_config", fixture + ".json", f.read())
+put("fuzz_config", "minimal_text.json", json.dumps({
+    "model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 8, "intermediate_size": 16,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+    "global_head_dim": 8, "hidden_size_per_layer_input": 0, "eos_token_id": [1, 106]}))
+
+# ---- store requests: a stream of frames, each a 2-byte little-endian length then the payload ----
+def s(x):
+    return struct.pack("<I", len(x)) + x
+
+
+def frames(*payloads):
+    return b"".join(struct.pack("<H", len(p)) + p for p in payloads)
+
+
+put("fuzz_store_protocol", "set_get", frames(b"\x01" + s(b"k") + s(b"v"),
+                                              b"\x02" + s(b"k") + struct.pack("<q", 100)))
+put("fuzz_store_protocol", "add_cas", frames(b"\x03" + s(b"n") + struct.pack("<q", 5),
+                                              b"\x03" + s(b"n") + struct.pack("<q", -9),
+                                              b"\x04" + s(b"n") + s(b"-4") + s(b"x")))
+put("fuzz_store_protocol", "wait_check", frames(
+    b"\x01" + s(b"a") + s(b""),
+    b"\x05" + struct.pack("<I", 2) + s(b"a") + s(b"b") + struct.pack("<q", 10),
+    b"\x06" + struct.pack("<I", 1) + s(b"a")))
