@@ -35,5 +35,7 @@ void RegisterDownloadCommand(CLI::App& app, Context& ctx);
 void RegisterLaunchCommand(CLI::App& app, Context& ctx);
 void RegisterCollectivesCommand(CLI::App& app, Context& ctx);
 void RegisterAllReduceLoopCommand(CLI::App& app, Context& ctx);  // hidden, for fault tests
+void RegisterRunsCommand(CLI::App& app, Context& ctx);
+void RegisterDashboardCommand(CLI::App& app, Context& ctx);
 
 }  // namespace st::cli

@@ -12,6 +12,9 @@
 #include "launch/cluster_env.h"
 #include "launch/topology.h"
 #include "launch/worker.h"
+#include "observe/dashboard.h"
+#include "observe/plot.h"
+#include "observe/recorder.h"
 #include "train/trainer.h"
 
 namespace st::cli {
@@ -22,6 +25,11 @@ struct FinetuneArgs {
   FinetuneOptions o;
   int num_workers = 0;  // 0 = the topology's
   int timeout_ms = 120000;
+  // Rank 0's dashboard (docs/observe.md).
+  std::string dashboard_host = "127.0.0.1";
+  int dashboard_port = 8265;  // 0: any free port
+  bool no_dashboard = false;
+  double dashboard_linger_s = 0;  // after the run, serve until idle this long
 };
 
 std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
@@ -79,7 +87,57 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   "--timeout-ms",
                                   s(a.timeout_ms)};
   if (o.resume) cmd.push_back("--resume");
+  char linger[32];
+  std::snprintf(linger, sizeof(linger), "%.17g", a.dashboard_linger_s);
+  cmd.insert(cmd.end(), {"--dashboard-host", a.dashboard_host, "--dashboard-port",
+                         s(a.dashboard_port), "--dashboard-linger", linger});
+  if (a.no_dashboard) cmd.push_back("--no-dashboard");
   return cmd;
+}
+
+// Rank 0: the run with its recorder (metrics.jsonl, run.json), the dashboard when asked for (a
+// port that cannot be bound costs a warning, not the run) and the plot at the end.
+Status RunRankZero(const FinetuneArgs& a, launch::Worker& worker) {
+  observe::RunRecorder recorder;
+  std::unique_ptr<observe::Dashboard> dashboard;
+  if (!a.no_dashboard) {
+    observe::DashboardOptions d;
+    d.host = a.dashboard_host;
+    d.port = a.dashboard_port;
+    d.storage_path = a.o.storage_path.empty() ? "runs" : a.o.storage_path;
+    auto started = observe::Dashboard::Start(d, &recorder);
+    if (started.ok()) {
+      dashboard = std::move(*started);
+      recorder.SetDashboardUrl(dashboard->url());
+      std::printf("Dashboard: %s\n", dashboard->url().c_str());
+    } else {
+      std::fprintf(stderr, "slicetrain finetune: warning: %s; training goes on without it\n",
+                   started.status().message().c_str());
+    }
+    std::fflush(stdout);
+  }
+  const Status trained = RunFinetune(a.o, worker.world(), worker.collective(), &recorder);
+  recorder.Finish(trained);
+  if (recorder.started()) {
+    auto plot = observe::WriteTrainingCurves(recorder.run_dir(), recorder.run_name());
+    if (plot.ok()) {
+      std::string paths;
+      for (const std::string& p : *plot) paths += (paths.empty() ? "" : ", ") + p;
+      std::printf("Training curves: %s\nMetrics: %s/metrics.jsonl\n", paths.c_str(),
+                  recorder.run_dir().c_str());
+    } else {
+      std::fprintf(stderr, "slicetrain finetune: warning: %s\n", plot.status().message().c_str());
+    }
+    std::fflush(stdout);
+  }
+  const Status left = worker.Shutdown();
+  if (dashboard && a.dashboard_linger_s > 0) {
+    std::printf("Dashboard stays at %s until nobody has asked for %g s\n", dashboard->url().c_str(),
+                a.dashboard_linger_s);
+    std::fflush(stdout);
+    dashboard->WaitUntilIdle(a.dashboard_linger_s);
+  }
+  return trained.ok() ? left : trained;
 }
 
 Status Run(FinetuneArgs& a, int* exit_code) {
@@ -105,6 +163,8 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   if (a.o.progress != "bar" && a.o.progress != "lines" && a.o.progress != "off")
     return InvalidArgument("--progress must be auto, bar, lines or off, got '" + a.o.progress +
                            "'");
+  if (a.dashboard_port < 0 || a.dashboard_port > 65535 || a.dashboard_linger_s < 0)
+    return InvalidArgument("--dashboard-port must be 0..65535 and --dashboard-linger >= 0");
   if (!env.is_worker()) {
     std::printf(
         "Starting slicetrain FSDP SFT job: model=%s, topology=%s, accelerator_type=%s, "
@@ -117,8 +177,11 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   }
   ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
   ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
-  ST_RETURN_IF_ERROR(RunFinetune(a.o, worker->world(), worker->collective()));
-  return worker->Shutdown();
+  if (worker->rank() != 0) {
+    ST_RETURN_IF_ERROR(RunFinetune(a.o, worker->world(), worker->collective()));
+    return worker->Shutdown();
+  }
+  return RunRankZero(a, *worker);
 }
 
 }  // namespace
@@ -185,6 +248,17 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_flag("--resume", o.resume,
                 "Continue the run --run-name from its latest good checkpoint (same workers)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")
+      ->capture_default_str();
+  cmd->add_option("--dashboard-host", a->dashboard_host,
+                  "Address rank 0's dashboard binds (loopback unless set, e.g. 0.0.0.0)")
+      ->capture_default_str();
+  cmd->add_option("--dashboard-port", a->dashboard_port,
+                  "Dashboard port (0 = any free port; busy = a warning, training goes on)")
+      ->capture_default_str();
+  cmd->add_flag("--no-dashboard", a->no_dashboard,
+                "Serve no dashboard (metrics are still written)");
+  cmd->add_option("--dashboard-linger", a->dashboard_linger_s,
+                  "After the run, keep the dashboard up until no request came for this many s")
       ->capture_default_str();
   cmd->callback([&ctx, a] {
     int code = 0;

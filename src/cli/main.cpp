@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   st::cli::RegisterLaunchCommand(app, ctx);
   st::cli::RegisterCollectivesCommand(app, ctx);
   st::cli::RegisterAllReduceLoopCommand(app, ctx);
+  st::cli::RegisterRunsCommand(app, ctx);
+  st::cli::RegisterDashboardCommand(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -46,6 +46,11 @@ std::string ProcessGroup::RecentCollectives() const {
   return out;
 }
 
+CollectiveTotals ProcessGroup::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return totals_;
+}
+
 Status ProcessGroup::Run(const std::string& op, int64_t count, DType dtype,
                          const std::function<Status(uint64_t)>& body) {
   uint64_t seq;
@@ -75,6 +80,13 @@ Status ProcessGroup::Run(const std::string& op, int64_t count, DType dtype,
         r.state = st.ok() ? CollectiveRecord::State::kDone : CollectiveRecord::State::kFailed;
         r.millis = ms;
       }
+    if (st.ok()) {
+      const bool per_rank_blocks = op == "all_gather" || op.rfind("reduce_scatter", 0) == 0;
+      totals_.ops += 1;
+      totals_.bytes += static_cast<size_t>(count) * DTypeSize(dtype) *
+                       static_cast<size_t>(per_rank_blocks ? size_ : 1);
+      totals_.seconds += ms / 1000.0;
+    }
   }
   if (st.ok()) return st;
   const std::string missing = MissingRanks(seq);

@@ -40,6 +40,16 @@ struct CollectiveRecord {
   double millis = 0;
 };
 
+// Running totals of the collectives a group has completed on this rank (observability: a caller
+// takes the difference between two reads). bytes: the local buffer a collective reads or writes,
+// count x dtype size, times size() for all_gather (output) and reduce_scatter (input); not bytes
+// on the wire, which depend on the backend's algorithm.
+struct CollectiveTotals {
+  int64_t ops = 0;
+  size_t bytes = 0;
+  double seconds = 0;
+};
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size, std::string name, std::string host);
@@ -71,6 +81,8 @@ class ProcessGroup {
   uint64_t seq() const;
   // The ring buffer, oldest first, one line per collective.
   std::string RecentCollectives() const;
+  // Totals over every collective completed so far (any thread).
+  CollectiveTotals totals() const;
 
   static constexpr int kRingSize = 32;
 
@@ -102,6 +114,7 @@ class ProcessGroup {
   bool broken_ = false;
   std::string broken_reason_;
   std::deque<CollectiveRecord> ring_;
+  CollectiveTotals totals_;
 };
 
 // Runs submitted communication tasks in order on one thread (FSDP's prefetch / overlap): the

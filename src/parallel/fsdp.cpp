@@ -1,6 +1,7 @@
 #include "parallel/fsdp.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -149,8 +150,15 @@ void FsdpModel::Record(const Status& s) {
   if (!s.ok() && status_.ok()) status_ = s;
 }
 
+Status FsdpModel::Get(std::future<Status> f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = f.get();
+  comm_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
 void FsdpModel::Wait(std::future<Status>& f) {
-  if (f.valid()) Record(f.get());
+  if (f.valid()) Record(Get(std::move(f)));
 }
 
 void FsdpModel::SubmitGather(int unit) {
@@ -243,28 +251,22 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   engine.Backward(table_, batch, grad_scale, this);
   for (Slot& s : slots_) Wait(s.reduce);
   if (status_.ok() && root.total > 0) {
-    Status s = comm_
-                   .Submit([this, &root] {
-                     ST_RETURN_IF_ERROR(
-                         pg_.ReduceScatter(root_.grads.data(), root_.reduced.data(), root.shard,
+    Status s = Get(comm_.Submit([this, &root] {
+      ST_RETURN_IF_ERROR(pg_.ReduceScatter(root_.grads.data(), root_.reduced.data(), root.shard,
                                            DType::kF32, dist::ReduceOp::kAvg, options_.collective));
-                     float* g = grad_.data() + root.shard_offset;
-                     for (int64_t j = 0; j < root.shard; ++j) g[j] += root_.reduced[j];
-                     return Status::Ok();
-                   })
-                   .get();
+      float* g = grad_.data() + root.shard_offset;
+      for (int64_t j = 0; j < root.shard; ++j) g[j] += root_.reduced[j];
+      return Status::Ok();
+    }));
     Record(s);
   }
   for (Slot& s : slots_) Wait(s.gather);
   // The loss of the whole global batch: every rank's summed token losses.
   float loss_sum = static_cast<float>(r.loss_sum);
   if (status_.ok())
-    Record(comm_
-               .Submit([this, &loss_sum] {
-                 return pg_.AllReduce(&loss_sum, 1, DType::kF32, dist::ReduceOp::kSum,
-                                      options_.collective);
-               })
-               .get());
+    Record(Get(comm_.Submit([this, &loss_sum] {
+      return pg_.AllReduce(&loss_sum, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+    })));
   if (!status_.ok()) return status_;
   r.loss_sum = loss_sum;
   r.num_valid = global;

@@ -83,6 +83,10 @@ class FsdpModel : public ParamHooks {
   size_t ShardedStateBytes() const { return static_cast<size_t>(shard_total_) * 4 * sizeof(float); }
   size_t ReplicatedBytes() const { return static_cast<size_t>(replica_.size()) * sizeof(float); }
   int num_units() const { return static_cast<int>(units_.size()); }
+  // Seconds the caller's thread has spent blocked on the comm thread (gathers not yet arrived,
+  // reduce-scatters not yet done, the step's count and loss all-reduces) since construction:
+  // the communication that compute did not hide. Observability only; a caller takes differences.
+  double CommWaitSeconds() const { return comm_wait_s_; }
 
   // ParamHooks: called by the engine.
   void BeforeForward(int64_t layer, Part part) override;
@@ -119,6 +123,8 @@ class FsdpModel : public ParamHooks {
   Status Gather(int unit, Slot& slot);
   void Record(const Status& s);
   void Wait(std::future<Status>& f);
+  // Blocks on f (timed into comm_wait_s_) and returns its status.
+  Status Get(std::future<Status> f);
 
   const Gemma4Config& cfg_;
   const ParamRegistry& reg_;
@@ -134,6 +140,7 @@ class FsdpModel : public ParamHooks {
   ParamTable table_;
   dist::CommThread comm_;
   Status status_;  // first collective failure of the current step
+  double comm_wait_s_ = 0;
 };
 
 }  // namespace st

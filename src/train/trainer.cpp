@@ -141,7 +141,7 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
 }
 
 Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective) {
+                   const dist::CollectiveOptions& collective, TrainingObserver* observer) {
   const int rank = pg.rank(), world = pg.size();
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
 
@@ -211,6 +211,11 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     std::fflush(stdout);
   }
 
+  // Who the ranks are (one all_gather), for rank 0's observer; the step metrics use the count of
+  // trainable parameters for model FLOP/s.
+  ST_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, GatherWorkerInfo(pg, collective));
+  const int64_t trainable_parameters = m.registry.layout.total() - frozen;
+
   std::vector<Checkpoint> kept;  // rank 0's view of the run's checkpoints
   std::vector<float> full(m.registry.layout.total());
   std::string final_metrics;
@@ -247,6 +252,21 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   if (first_epoch >= o.num_epochs && rank == 0)
     std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
                 (long long)first_epoch, (long long)o.num_epochs);
+  if (observer) {
+    RunInfo info;
+    info.run_name = run_name;
+    info.run_dir = run_dir;
+    info.storage_path = storage;
+    info.flags = FinetuneOptionsJson(o);
+    info.world_size = world;
+    info.num_epochs = o.num_epochs;
+    info.first_epoch = first_epoch;
+    info.steps_per_epoch = steps_per_epoch;
+    info.tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
+    info.trainable_parameters = trainable_parameters;
+    info.workers = workers;
+    observer->OnStart(info);
+  }
   for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto batches =
@@ -255,22 +275,62 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     int64_t real_tokens = 0, step_in_epoch = 0;
     const int64_t tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     for (const auto& rows : batches) {
+      // Step metrics: data / compute / comm-wait split and collective totals, measured here and
+      // in FsdpModel without changing what is computed or the order of collectives.
+      using Clock = std::chrono::steady_clock;
+      const auto s0 = Clock::now();
+      const dist::CollectiveTotals c0 = pg.totals();
+      const double wait0 = fsdp.CommWaitSeconds();
       TokenBatch tb = Collate(set, rows);
       std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
       const Batch b{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T};
-      for (uint8_t v : mask) real_tokens += v;
+      int64_t batch_real = 0;
+      for (uint8_t v : mask) batch_real += v;
+      real_tokens += batch_real;
+      const auto s1 = Clock::now();
       fsdp.ZeroGrad();
       ST_ASSIGN_OR_RETURN(ForwardResult r, fsdp.ForwardBackward(engine, b));
-      if (o.max_grad_norm > 0) ST_RETURN_IF_ERROR(fsdp.ClipGradNorm(o.max_grad_norm).status());
+      double norm = -1, clip_s = 0;  // -1: rank 0 sums the ranks' squares instead
+      if (o.max_grad_norm > 0) {
+        const auto k0 = Clock::now();
+        ST_ASSIGN_OR_RETURN(norm, fsdp.ClipGradNorm(o.max_grad_norm));
+        clip_s = std::chrono::duration<double>(Clock::now() - k0).count();
+      }
+      WorkerSample mine;
+      if (norm < 0)
+        mine.grad_sq = static_cast<float>(SumOfSquares(fsdp.grads(), fsdp.shard_size()));
       fsdp.OptimizerStep(adam, ++global_step);
       loss_total += r.Loss();
+      ++step_in_epoch;
+      const auto s2 = Clock::now();
+      const dist::CollectiveTotals c1 = pg.totals();
+      const ProcessMemory mem = ReadProcessMemory();
+      mine.step_s = static_cast<float>(std::chrono::duration<double>(s2 - s0).count());
+      mine.data_s = static_cast<float>(std::chrono::duration<double>(s1 - s0).count());
+      mine.comm_wait_s = static_cast<float>(fsdp.CommWaitSeconds() - wait0 + clip_s);
+      mine.compute_s = std::max(0.0f, mine.step_s - mine.data_s - mine.comm_wait_s);
+      mine.real_tokens = static_cast<float>(batch_real);
+      mine.rss_mib = static_cast<float>(mem.rss_mib);
+      mine.peak_rss_mib = static_cast<float>(mem.peak_mib);
+      mine.comm_mib = static_cast<float>((c1.bytes - c0.bytes) / 1048576.0);
+      mine.comm_s = static_cast<float>(c1.seconds - c0.seconds);
+      // One all_gather of a few floats per step, on every rank, after the optimizer step.
+      ST_ASSIGN_OR_RETURN(std::vector<WorkerSample> samples, GatherSamples(pg, mine, collective));
       if (rank == 0) {
         const double elapsed =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ++step_in_epoch;
         ShowProgress(o.progress, epoch + 1, o.num_epochs, step_in_epoch,
                      static_cast<int64_t>(batches.size()), loss_total / step_in_epoch,
                      tokens_per_step * step_in_epoch / elapsed, elapsed);
+        if (observer) {
+          StepMetrics sm = SummariseStep(std::move(samples), r.Loss(), adam.lr, norm,
+                                         tokens_per_step, trainable_parameters);
+          sm.step = global_step;
+          sm.epoch = epoch + 1;
+          sm.step_in_epoch = step_in_epoch;
+          sm.steps_in_epoch = static_cast<int64_t>(batches.size());
+          observer->OnStep(sm);
+        }
       }
     }
     float real = static_cast<float>(real_tokens);
@@ -290,6 +350,19 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
           (long long)(epoch + 1), (long long)o.num_epochs, loss, epoch_time, tokens_per_s,
           real / epoch_time);
       std::fflush(stdout);
+      if (observer) {
+        EpochMetrics em;
+        em.epoch = epoch + 1;
+        em.global_step = global_step;
+        em.loss = loss;
+        em.epoch_time_s = epoch_time;
+        em.tokens_per_s = tokens_per_s;
+        em.real_tokens_per_s = real / epoch_time;
+        em.unix_time =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        observer->OnEpoch(em);
+      }
     }
     // Checkpoint: every rank writes its shard into a pending directory, rank 0 adds the full
     // model (all-gathered) and commits it with a rename.

@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "dist/process_group.h"
 #include "model/config.h"
+#include "train/step_metrics.h"
 
 namespace st {
 
@@ -66,9 +67,14 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
 // Flag checks that need no files: the CLI runs them before starting workers, RunFinetune again.
 Status ValidateFinetuneOptions(const FinetuneOptions& options);
 
-// Runs the job as `rank` of `pg` (every rank calls it with the same options).
+// Runs the job as `rank` of `pg` (every rank calls it with the same options). Every rank gathers
+// its step metrics to all (one small all_gather per step); `observer` (rank 0's, may be null)
+// gets the run, each step and each epoch.
 Status RunFinetune(const FinetuneOptions& options, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective);
+                   const dist::CollectiveOptions& collective, TrainingObserver* observer = nullptr);
+
+// The options as JSON (the run's flags on the dashboard and in run.json).
+nlohmann::json FinetuneOptionsJson(const FinetuneOptions& options);
 
 // DistributedSampler(shuffle=True, drop_last=False) + DataLoader(drop_last=True): the example
 // indices of rank's batches in an epoch, reshuffled from (seed, epoch); the permutation is padded

@@ -1,0 +1,327 @@
+#include "observe/recorder.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "observe/runs.h"
+
+namespace st::observe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string HostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
+}
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string Label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"')
+      out += std::string("\\") + c;
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
+// Shortest round-trip text of a sample value; Prometheus spells infinities and NaN its own way.
+std::string Value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+// Replaces `path` with `text` through a rename, so a reader never sees half a file. Best effort:
+// observability never stops training.
+void WriteFileAtomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text << "\n";
+    if (!out) return;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+}
+
+}  // namespace
+
+void RunRecorder::OnStart(const RunInfo& run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  run_ = run;
+  started_ = true;
+  status_ = "running";
+  start_time_ = Now();
+  // On --resume, keep the history up to the checkpoint the run continues from and rewrite the
+  // file with it, so that metrics.jsonl holds each step once.
+  const MetricsLog old = ReadMetricsLog(run.run_dir);
+  const int64_t resumed_step = run.first_epoch * run.steps_per_epoch;
+  for (const auto& s : old.steps)
+    if (run.first_epoch > 0 && s.value("step", int64_t{0}) <= resumed_step) steps_.push_back(s);
+  for (const auto& e : old.epochs)
+    if (e.value("epoch", int64_t{0}) <= run.first_epoch) epochs_.push_back(e);
+  jsonl_.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::trunc);
+  for (const auto& s : steps_) jsonl_ << s.dump() << "\n";
+  for (const auto& e : epochs_) jsonl_ << e.dump() << "\n";
+  jsonl_.flush();
+  nlohmann::json workers = nlohmann::json::array();
+  for (const WorkerInfo& w : run.workers) workers.push_back(ToJson(w));
+  WriteFileAtomically(fs::path(run.run_dir) / "cluster.json",
+                      nlohmann::json{{"world_size", run.world_size}, {"workers", workers}}.dump(2));
+  WriteRunJsonLocked();
+  ++version_;
+  changed_.notify_all();
+}
+
+void RunRecorder::AppendLocked(const nlohmann::json& record) {
+  if (jsonl_.is_open()) {
+    jsonl_ << record.dump() << "\n";
+    jsonl_.flush();
+  }
+}
+
+void RunRecorder::OnStep(const StepMetrics& step) {
+  nlohmann::json j = ToJson(step);
+  std::lock_guard<std::mutex> lock(mu_);
+  AppendLocked(j);
+  steps_.push_back(std::move(j));
+  last_ = step;
+  has_last_ = true;
+  last_step_time_ = step.unix_time;
+  tokens_total_ += static_cast<double>(step.tokens);
+  real_tokens_total_ += static_cast<double>(step.real_tokens);
+  comm_mib_total_ += step.comm_mib;
+  comm_s_total_ += step.comm_s;
+  ++version_;
+  changed_.notify_all();
+}
+
+void RunRecorder::OnEpoch(const EpochMetrics& epoch) {
+  nlohmann::json j = ToJson(epoch);
+  std::lock_guard<std::mutex> lock(mu_);
+  AppendLocked(j);
+  epochs_.push_back(std::move(j));
+  WriteRunJsonLocked();
+  ++version_;
+  changed_.notify_all();
+}
+
+void RunRecorder::Finish(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  status_ = status.ok() ? "finished" : "failed";
+  error_ = status.ok() ? "" : status.message();
+  end_time_ = Now();
+  if (started_) WriteRunJsonLocked();
+  jsonl_.close();
+  ++version_;
+  changed_.notify_all();
+}
+
+void RunRecorder::SetDashboardUrl(const std::string& url) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dashboard_url_ = url;
+  if (started_) WriteRunJsonLocked();
+}
+
+bool RunRecorder::started() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+std::string RunRecorder::run_dir() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_.run_dir;
+}
+std::string RunRecorder::run_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_.run_name;
+}
+std::string RunRecorder::storage_path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_.storage_path;
+}
+std::string RunRecorder::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+uint64_t RunRecorder::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return version_;
+}
+
+uint64_t RunRecorder::WaitForChange(uint64_t seen, int64_t timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return version_ > seen; });
+  return version_;
+}
+
+nlohmann::json RunRecorder::RunJson() const {
+  nlohmann::json j = {{"name", run_.run_name},
+                      {"dir", run_.run_dir},
+                      {"status", status_},
+                      {"start_time", start_time_},
+                      {"end_time", end_time_ > 0 ? nlohmann::json(end_time_) : nlohmann::json()},
+                      {"hostname", HostName()},
+                      {"pid", static_cast<int64_t>(::getpid())},
+                      {"world_size", run_.world_size},
+                      {"num_epochs", run_.num_epochs},
+                      {"first_epoch", run_.first_epoch},
+                      {"steps_per_epoch", run_.steps_per_epoch},
+                      {"tokens_per_step", run_.tokens_per_step},
+                      {"trainable_parameters", run_.trainable_parameters},
+                      {"dashboard", dashboard_url_},
+                      {"flags", run_.flags}};
+  if (!error_.empty()) j["error"] = error_;
+  return j;
+}
+
+void RunRecorder::WriteRunJsonLocked() {
+  WriteFileAtomically(fs::path(run_.run_dir) / "run.json", RunJson().dump(2));
+}
+
+nlohmann::json RunRecorder::MetricsJson(int64_t since_step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json steps = nlohmann::json::array(), epochs = nlohmann::json::array();
+  for (const auto& s : steps_)
+    if (s.value("step", int64_t{0}) > since_step) steps.push_back(s);
+  for (const auto& e : epochs_)
+    if (e.value("global_step", int64_t{0}) > since_step) epochs.push_back(e);
+  return {{"run", run_.run_name},
+          {"status", status_},
+          {"steps_per_epoch", run_.steps_per_epoch},
+          {"num_epochs", run_.num_epochs},
+          {"steps", steps},
+          {"epochs", epochs}};
+}
+
+nlohmann::json RunRecorder::Since(int64_t since_step, int64_t since_epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t s = steps_.size(), e = epochs_.size();
+  while (s > 0 && steps_[s - 1].value("step", int64_t{0}) > since_step) --s;
+  while (e > 0 && epochs_[e - 1].value("epoch", int64_t{0}) > since_epoch) --e;
+  nlohmann::json steps = nlohmann::json::array(), epochs = nlohmann::json::array();
+  for (; s < steps_.size(); ++s) steps.push_back(steps_[s]);
+  for (; e < epochs_.size(); ++e) epochs.push_back(epochs_[e]);
+  return {{"status", status_}, {"steps", steps}, {"epochs", epochs}};
+}
+
+nlohmann::json RunRecorder::ClusterJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string me = HostName();
+  const double now = Now();
+  nlohmann::json workers = nlohmann::json::array();
+  std::vector<std::string> hosts;
+  for (const WorkerInfo& w : run_.workers) {
+    nlohmann::json j = ToJson(w);
+    if (has_last_ && static_cast<size_t>(w.rank) < last_.workers.size()) {
+      j["rss_mib"] = last_.workers[w.rank].rss_mib;
+      j["peak_rss_mib"] = last_.workers[w.rank].peak_rss_mib;
+      j["last_step_s"] = last_.workers[w.rank].step_s;
+    }
+    // Liveness: every rank took part in the last step's gather; a rank on this host is also
+    // checked by pid.
+    j["last_seen_s_ago"] = last_step_time_ > 0 ? nlohmann::json(now - last_step_time_)
+                                               : nlohmann::json(now - start_time_);
+    const bool local = w.hostname == me;
+    const bool running = status_ == "running" || status_ == "starting";
+    j["alive"] = running && (!local || ProcessAlive(w.pid));
+    workers.push_back(j);
+    if (std::find(hosts.begin(), hosts.end(), w.hostname + " " + w.address) == hosts.end())
+      hosts.push_back(w.hostname + " " + w.address);
+  }
+  nlohmann::json host_list = nlohmann::json::array();
+  for (const std::string& h : hosts) {
+    const size_t sp = h.rfind(' ');
+    int n = 0;
+    for (const WorkerInfo& w : run_.workers) n += (w.hostname + " " + w.address) == h;
+    host_list.push_back(
+        {{"hostname", h.substr(0, sp)}, {"address", h.substr(sp + 1)}, {"workers", n}});
+  }
+  return {{"run", run_.run_name},
+          {"status", status_},
+          {"world_size", run_.world_size},
+          {"device", run_.flags.value("accelerator_type", std::string("CPU"))},
+          {"topology", run_.flags.value("topology", std::string(""))},
+          {"hosts", host_list},
+          {"workers", workers}};
+}
+
+std::string RunRecorder::Prometheus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream o;
+  const std::string run = "run=\"" + Label(run_.run_name) + "\"";
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  metric("slicetrain_run_info", "gauge", "The run on this dashboard (value 1) and its status.");
+  o << "slicetrain_run_info{" << run << ",status=\"" << status_ << "\"} 1\n";
+  metric("slicetrain_world_size", "gauge", "Workers (ranks) of the run.");
+  o << "slicetrain_world_size{" << run << "} " << run_.world_size << "\n";
+  if (has_last_) {
+    const StepMetrics& s = last_;
+    metric("slicetrain_step", "gauge", "Global step of the last completed step.");
+    o << "slicetrain_step{" << run << "} " << s.step << "\n";
+    metric("slicetrain_epoch", "gauge", "Epoch (from 1) of the last completed step.");
+    o << "slicetrain_epoch{" << run << "} " << s.epoch << "\n";
+    metric("slicetrain_loss", "gauge", "Mean token loss of the last step's global batch.");
+    o << "slicetrain_loss{" << run << "} " << Value(s.loss) << "\n";
+    metric("slicetrain_learning_rate", "gauge", "AdamW learning rate of the last step.");
+    o << "slicetrain_learning_rate{" << run << "} " << Value(s.lr) << "\n";
+    metric("slicetrain_grad_norm", "gauge", "Global gradient L2 norm before clipping.");
+    o << "slicetrain_grad_norm{" << run << "} " << Value(s.grad_norm) << "\n";
+    metric("slicetrain_step_seconds", "gauge",
+           "Last step's time: total (slowest rank) and its split (mean over ranks).");
+    o << "slicetrain_step_seconds{" << run << ",phase=\"total\"} " << Value(s.step_s) << "\n"
+      << "slicetrain_step_seconds{" << run << ",phase=\"compute\"} " << Value(s.compute_s) << "\n"
+      << "slicetrain_step_seconds{" << run << ",phase=\"comm_wait\"} " << Value(s.comm_wait_s)
+      << "\n"
+      << "slicetrain_step_seconds{" << run << ",phase=\"data\"} " << Value(s.data_s) << "\n";
+    metric("slicetrain_tokens_per_second", "gauge", "Last step's global tokens per second.");
+    o << "slicetrain_tokens_per_second{" << run << ",kind=\"padded\"} " << Value(s.tokens_per_s)
+      << "\n"
+      << "slicetrain_tokens_per_second{" << run << ",kind=\"real\"} " << Value(s.real_tokens_per_s)
+      << "\n";
+    metric("slicetrain_model_flops_per_second", "gauge",
+           "6 x trainable parameters x padded tokens per second of the last step.");
+    o << "slicetrain_model_flops_per_second{" << run << "} " << Value(s.model_flops_per_s) << "\n";
+    metric("slicetrain_worker_rss_bytes", "gauge", "Resident memory of each worker.");
+    for (size_t r = 0; r < s.workers.size(); ++r)
+      o << "slicetrain_worker_rss_bytes{" << run << ",rank=\"" << r << "\"} "
+        << Value(s.workers[r].rss_mib * 1048576.0) << "\n";
+    metric("slicetrain_worker_peak_rss_bytes", "gauge", "Peak resident memory of each worker.");
+    for (size_t r = 0; r < s.workers.size(); ++r)
+      o << "slicetrain_worker_peak_rss_bytes{" << run << ",rank=\"" << r << "\"} "
+        << Value(s.workers[r].peak_rss_mib * 1048576.0) << "\n";
+  }
+  metric("slicetrain_tokens_total", "counter", "Tokens trained on in this process's steps.");
+  o << "slicetrain_tokens_total{" << run << ",kind=\"padded\"} " << Value(tokens_total_) << "\n"
+    << "slicetrain_tokens_total{" << run << ",kind=\"real\"} " << Value(real_tokens_total_) << "\n";
+  metric("slicetrain_collective_bytes_total", "counter",
+         "Collective buffer bytes of the training steps, summed over ranks.");
+  o << "slicetrain_collective_bytes_total{" << run << "} " << Value(comm_mib_total_ * 1048576.0)
+    << "\n";
+  metric("slicetrain_collective_seconds_total", "counter",
+         "Seconds inside collectives during the training steps, summed over ranks.");
+  o << "slicetrain_collective_seconds_total{" << run << "} " << Value(comm_s_total_) << "\n";
+  return o.str();
+}
+
+}  // namespace st::observe

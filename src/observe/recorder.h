@@ -1,0 +1,76 @@
+// Rank 0's record of a live run: the TrainingObserver that keeps every step and epoch in memory
+// for the dashboard, appends them to <run_dir>/metrics.jsonl (one JSON record per line), and
+// keeps <run_dir>/run.json (flags, status, times) and cluster.json (the ranks) up to date.
+// Thread-safe: the trainer writes from its thread, the dashboard reads from its own.
+// Not a server and not a plotter (dashboard.h, plot.h).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "train/step_metrics.h"
+
+namespace st::observe {
+
+class RunRecorder : public TrainingObserver {
+ public:
+  RunRecorder() = default;
+  RunRecorder(const RunRecorder&) = delete;
+  RunRecorder& operator=(const RunRecorder&) = delete;
+
+  void OnStart(const RunInfo& run) override;
+  void OnStep(const StepMetrics& step) override;
+  void OnEpoch(const EpochMetrics& epoch) override;
+  // The run ended (ok or not): status into run.json; wakes every waiter.
+  void Finish(const Status& status);
+
+  // Where the dashboard is, recorded in run.json (call before OnStart or any time after).
+  void SetDashboardUrl(const std::string& url);
+
+  bool started() const;
+  std::string run_dir() const;
+  std::string run_name() const;
+  std::string storage_path() const;
+  // "starting" before OnStart, "running", then "finished" or "failed".
+  std::string status() const;
+
+  // Number of records so far (steps + epochs + status changes): the SSE cursor.
+  uint64_t version() const;
+  // Blocks until version() > seen or `timeout_ms` passed; returns version().
+  uint64_t WaitForChange(uint64_t seen, int64_t timeout_ms) const;
+
+  // JSON views for the dashboard (docs/observe.md).
+  nlohmann::json MetricsJson(int64_t since_step) const;  // {"steps": [...], "epochs": [...]}
+  // The step records with step > since_step and epoch records with epoch > since_epoch (the
+  // event stream's increments), and the status.
+  nlohmann::json Since(int64_t since_step, int64_t since_epoch) const;
+  nlohmann::json ClusterJson() const;
+  nlohmann::json RunJson() const;  // run.json's content
+  // The latest values in the Prometheus text exposition format (version 0.0.4).
+  std::string Prometheus() const;
+
+ private:
+  void WriteRunJsonLocked();
+  void AppendLocked(const nlohmann::json& record);
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  uint64_t version_ = 0;
+  bool started_ = false;
+  RunInfo run_;
+  std::string status_ = "starting", error_, dashboard_url_;
+  double start_time_ = 0, end_time_ = 0, last_step_time_ = 0;
+  std::vector<nlohmann::json> steps_, epochs_;  // as in metrics.jsonl
+  bool has_last_ = false;
+  StepMetrics last_;
+  double tokens_total_ = 0, real_tokens_total_ = 0, comm_mib_total_ = 0, comm_s_total_ = 0;
+  std::ofstream jsonl_;
+};
+
+}  // namespace st::observe

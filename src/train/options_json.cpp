@@ -1,0 +1,30 @@
+// FinetuneOptions as JSON: what run.json and the dashboard's Jobs tab show as the run's flags.
+#include "train/trainer.h"
+
+namespace st {
+
+nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
+  return {{"model_id", o.model_id},
+          {"tokenizer", o.tokenizer},
+          {"dataset", o.dataset},
+          {"dataset_split", o.dataset_split},
+          {"num_epochs", o.num_epochs},
+          {"batch_size_per_device", o.batch_size_per_device},
+          {"max_seq_len", o.max_seq_len},
+          {"topology", o.topology},
+          {"accelerator_type", o.accelerator_type},
+          {"storage_path", o.storage_path},
+          {"run_name", o.run_name},
+          {"lr", o.lr},
+          {"weight_decay", o.weight_decay},
+          {"max_grad_norm", o.max_grad_norm},
+          {"seed", o.seed},
+          {"num_to_keep", o.num_to_keep},
+          {"checkpoint_score_attribute", o.score_attribute},
+          {"checkpoint_score_order", o.score_order},
+          {"fsdp_units", o.fsdp_units},
+          {"freeze", o.freeze},
+          {"resume", o.resume}};
+}
+
+}  // namespace st
