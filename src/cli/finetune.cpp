@@ -6,8 +6,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "cli/commands.h"
+#include "io/files.h"
 #include "io/model_loader.h"
 #include "launch/cluster_env.h"
 #include "launch/topology.h"
@@ -15,6 +17,7 @@
 #include "observe/dashboard.h"
 #include "observe/plot.h"
 #include "observe/recorder.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace st::cli {
@@ -25,6 +28,7 @@ struct FinetuneArgs {
   FinetuneOptions o;
   int num_workers = 0;  // 0 = the topology's
   int timeout_ms = 120000;
+  int max_failures = 0;  // restarts of the worker group from the latest checkpoint
   // Rank 0's dashboard (docs/observe.md).
   std::string dashboard_host = "127.0.0.1";
   int dashboard_port = 8265;  // 0: any free port
@@ -140,6 +144,20 @@ Status RunRankZero(const FinetuneArgs& a, launch::Worker& worker) {
   return trained.ok() ? left : trained;
 }
 
+// What the driver prints before restarting the group: what failed and where the run resumes.
+std::string RestartLine(int attempt, int max_failures, const launch::SupervisorResult& failure,
+                        const std::string& run_dir) {
+  std::string line = StrCat("Worker group failed: ", failure.message);
+  if (!failure.peer_report.empty()) line += StrCat("; ", failure.peer_report);
+  const std::vector<CheckpointEntry> ckpts = ListCheckpoints(run_dir);
+  line += StrCat("\nRestarting the workers (restart ", attempt, " of --max-failures ", max_failures,
+                 ") ",
+                 ckpts.empty() ? std::string("from the beginning: no checkpoint yet")
+                               : StrCat("from the latest good checkpoint of ", run_dir,
+                                        " (newest: epoch ", ckpts.front().epoch, ")"));
+  return line;
+}
+
 Status Run(FinetuneArgs& a, int* exit_code) {
   ST_ASSIGN_OR_RETURN(launch::Topology topo,
                       launch::ResolveTopology(a.o.accelerator_type, a.o.topology));
@@ -153,10 +171,19 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   }
   if (a.o.resume && a.o.run_name.empty())
     return InvalidArgument("--resume needs --run-name: the name of the run to continue");
-  if (a.o.run_name.empty())
-    a.o.run_name = StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr));
+  if (a.max_failures < 0) return InvalidArgument("--max-failures must be >= 0");
   ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
                       launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
+  if (a.o.run_name.empty()) {
+    // Every rank, and every restart of a launched job, must agree on the name: under a launcher
+    // it comes from the job's secret (shared by all hosts, never shown), else from the clock.
+    a.o.run_name = env.is_worker() && !env.secret.empty()
+                       ? StrCat("slicetrain_gemma4_fsdp_sft_", HashText(env.secret).substr(0, 12))
+                       : StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr));
+  }
+  // A restarted group continues from the run's latest good checkpoint, or starts over if the
+  // first attempt failed before writing one.
+  if (env.restart_attempt > 0) a.o.resume_if_any = true;
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
   ST_ASSIGN_OR_RETURN(a.o.model_id, ResolveModelSource(a.o.model_id, HubFromEnvironment()));
   if (a.o.progress == "auto") a.o.progress = isatty(STDOUT_FILENO) ? "bar" : "lines";
@@ -166,16 +193,26 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   if (a.dashboard_port < 0 || a.dashboard_port > 65535 || a.dashboard_linger_s < 0)
     return InvalidArgument("--dashboard-port must be 0..65535 and --dashboard-linger >= 0");
   if (!env.is_worker()) {
+    launch::LocalSliceOptions lo;
+    lo.collective_timeout_ms = a.timeout_ms;
+    lo.max_failures = a.max_failures;
+    lo.on_restart = [&a](int attempt, const launch::SupervisorResult& failure) {
+      std::printf("%s\n",
+                  RestartLine(attempt, a.max_failures, failure,
+                              (std::filesystem::path(a.o.storage_path) / a.o.run_name).string())
+                      .c_str());
+      std::fflush(stdout);
+    };
+    return launch::RunLocalSlice(topo, WorkerCommand(a), lo, exit_code);
+  }
+  ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
+  if (env.rank == 0 && env.restart_attempt == 0) {
     std::printf(
         "Starting slicetrain FSDP SFT job: model=%s, topology=%s, accelerator_type=%s, "
         "num_workers=%d\n",
         a.o.model_id.c_str(), topo.shape.c_str(), topo.accelerator_type.c_str(), topo.world_size());
     std::fflush(stdout);
-    launch::LocalSliceOptions lo;
-    lo.collective_timeout_ms = a.timeout_ms;
-    return launch::RunLocalSlice(topo, WorkerCommand(a), lo, exit_code);
   }
-  ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
   ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
   if (worker->rank() != 0) {
     ST_RETURN_IF_ERROR(RunFinetune(a.o, worker->world(), worker->collective()));
@@ -248,6 +285,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_flag("--resume", o.resume,
                 "Continue the run --run-name from its latest good checkpoint (same workers)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")
+      ->capture_default_str();
+  cmd->add_option("--max-failures", a->max_failures,
+                  "Restart all workers from the latest checkpoint after a lost worker or a "
+                  "collective timeout, at most this many times (Ray Train's FailureConfig)")
       ->capture_default_str();
   cmd->add_option("--dashboard-host", a->dashboard_host,
                   "Address rank 0's dashboard binds (loopback unless set, e.g. 0.0.0.0)")

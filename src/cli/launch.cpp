@@ -19,6 +19,7 @@ namespace {
 struct LaunchArgs {
   launch::LaunchFlags flags;
   int grace_ms = 3000;
+  int max_failures = 0;
   bool dry_run = false;
   std::vector<std::string> command;
 };
@@ -92,10 +93,23 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   plan.collective_timeout_ms = env.collective_timeout_ms;
   launch::SupervisorOptions so;
   so.grace = std::chrono::milliseconds(a.grace_ms);
-  launch::SupervisorResult r = launch::RunWorkers(launch::PlanLocalWorkers(plan), so);
+  // A restarted group meets again at the rendezvous: rank 0's host serves the store anew on the
+  // same port, and the other hosts' launchers restart their workers when theirs fail in turn.
+  auto on_restart = [&](int attempt, const launch::SupervisorResult& failure) {
+    std::fprintf(
+        stderr,
+        "slicetrain launch: node %d (%s): %s; restarting this host's workers (%d of "
+        "--max-failures %d)\n",
+        env.node_rank, host_ip.c_str(),
+        (failure.message + (failure.peer_report.empty() ? "" : "; " + failure.peer_report)).c_str(),
+        attempt, a.max_failures);
+  };
+  launch::SupervisorResult r = launch::RunWorkersWithRestarts(launch::PlanLocalWorkers(plan), so,
+                                                              a.max_failures, on_restart);
   *exit_code = r.exit_code;
   if (r.exit_code != 0)
-    return Internal(StrCat("node ", env.node_rank, " (", host_ip, "): ", r.message,
+    return Internal(StrCat("node ", env.node_rank, " (", host_ip,
+                           "): ", launch::FailureSummary(r, a.max_failures),
                            r.failed_rank >= 0 ? "; the other local workers were stopped" : ""));
   return Status::Ok();
 }
@@ -113,6 +127,10 @@ void RegisterLaunchCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--master-addr", a->flags.master_addr, "Host of rank 0 (serves the store)");
   cmd->add_option("--master-port", a->flags.master_port, "Port of the rendezvous store (29500)");
   cmd->add_option("--grace-ms", a->grace_ms, "SIGTERM -> SIGKILL grace when stopping workers")
+      ->capture_default_str();
+  cmd->add_option("--max-failures", a->max_failures,
+                  "Restart this host's workers after a lost worker or a collective timeout, at "
+                  "most this many times (they get SLICETRAIN_RESTART_ATTEMPT)")
       ->capture_default_str();
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the resolved host layout and ranks as JSON and start nothing");

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "launch/supervisor.h"
 #include "launch/worker.h"
 
 namespace st::cli {
@@ -30,7 +31,10 @@ HubOptions HubFromEnvironment() {
 
 int ReportError(const std::string& command, const Status& status) {
   std::fprintf(stderr, "slicetrain %s: error: %s\n", command.c_str(), status.message().c_str());
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  if (status.code() == StatusCode::kInvalidArgument) return 2;
+  // A lost peer or a timeout: a supervisor with --max-failures restarts the group (EX_TEMPFAIL).
+  if (status.code() == StatusCode::kUnavailable) return launch::kExitUnavailable;
+  return 1;
 }
 
 }  // namespace st::cli

@@ -20,6 +20,7 @@ enum class StatusCode {
   kIo,               // read/write failure (errno in the message)
   kUnimplemented,    // a valid request this build cannot serve
   kInternal,
+  kUnavailable,  // a peer was lost or did not answer in time: restarting the group may help
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -61,6 +62,9 @@ inline Status IoError(std::string m) {
 }
 inline Status Unimplemented(std::string m) {
   return {StatusCode::kUnimplemented, std::move(m)};
+}
+inline Status Unavailable(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
 }
 inline Status Internal(std::string m) {
   return {StatusCode::kInternal, std::move(m)};

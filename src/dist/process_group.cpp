@@ -58,8 +58,8 @@ Status ProcessGroup::Run(const std::string& op, int64_t count, DType dtype,
     std::lock_guard<std::mutex> lock(mu_);
     seq = ++seq_;
     if (broken_)
-      return Internal(StrCat("rank ", rank_, " (host ", host_, ") group '", name_, "': ", op, " #",
-                             seq, " refused: the group is broken (", broken_reason_, ")"));
+      return Unavailable(StrCat("rank ", rank_, " (host ", host_, ") group '", name_, "': ", op,
+                                " #", seq, " refused: the group is broken (", broken_reason_, ")"));
     CollectiveRecord rec;
     rec.seq = seq;
     rec.op = op;
@@ -101,7 +101,10 @@ Status ProcessGroup::Run(const std::string& op, int64_t count, DType dtype,
     broken_ = true;
     broken_reason_ = StrCat(op, " #", seq, " failed");
   }
-  return Status(st.code(), msg);
+  // A transport failure (lost peer, timeout) is what a restart of the group may cure.
+  const bool caller_error =
+      st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kUnimplemented;
+  return Status(caller_error ? st.code() : StatusCode::kUnavailable, msg);
 }
 
 Status ProcessGroup::AllReduce(void* buf, int64_t count, DType dtype, ReduceOp op,

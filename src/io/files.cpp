@@ -51,6 +51,27 @@ std::string ParentOf(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+std::string Hex(const unsigned char* md, unsigned int len) {
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) {
+    hex.push_back(kHex[md[i] >> 4]);
+    hex.push_back(kHex[md[i] & 15]);
+  }
+  return hex;
+}
+
+}  // namespace
+
+std::string HashText(const std::string& text) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(text.data(), text.size(), md, &len, EVP_sha256(), nullptr);
+  return Hex(md, len);
+}
+
 StatusOr<std::string> HashFile(const std::string& path, HashKind kind, const std::string& prefix) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return IoError(StrCat(path, ": cannot open for hashing: ", Errno()));
@@ -70,13 +91,7 @@ StatusOr<std::string> HashFile(const std::string& path, HashKind kind, const std
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[md[i] >> 4]);
-    hex.push_back(kHex[md[i] & 15]);
-  }
-  return hex;
+  return Hex(md, len);
 }
 
 Status FsyncFile(const std::string& path) {

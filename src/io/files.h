@@ -17,6 +17,9 @@ enum class HashKind { kSha256, kSha1 };
 StatusOr<std::string> HashFile(const std::string& path, HashKind kind = HashKind::kSha256,
                                const std::string& prefix = "");
 
+// Hex SHA-256 of a string (names derived from a secret without showing it).
+std::string HashText(const std::string& text);
+
 // fsync of a regular file / of a directory (so that entries renamed into it survive a crash).
 // File systems that cannot fsync a directory (EINVAL) are accepted as they are.
 Status FsyncFile(const std::string& path);

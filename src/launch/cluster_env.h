@@ -50,7 +50,8 @@ struct ClusterEnv {
   std::string tpu_name;               // TPU_NAME
   std::string tpu_topology;           // TORCH_TPU_TOPOLOGY
   int collective_timeout_ms = 60000;  // SLICETRAIN_TIMEOUT_MS
-  std::string source = "defaults";    // which source decided the layout, for messages
+  int restart_attempt = 0;  // SLICETRAIN_RESTART_ATTEMPT: 0 first start, n after n group failures
+  std::string source = "defaults";  // which source decided the layout, for messages
   bool is_worker() const { return rank >= 0; }
 };
 

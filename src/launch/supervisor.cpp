@@ -62,11 +62,13 @@ struct Stream {
   Fd fd;
   std::string partial;
   bool is_stderr = false;
-  std::string last_line;  // the last complete non-empty line (stderr: the worker's error)
+  std::string last_line;          // the last complete non-empty line (stderr: the worker's error)
+  std::string failed_collective;  // the first "... #N ... failed after ..." line, if any
 };
 
 struct Child {
   int rank = 0;
+  std::string ip;
   pid_t pid = -1;
   bool running = false;
   std::string prefix;
@@ -127,6 +129,7 @@ StatusOr<Child> Spawn(const WorkerSpec& w) {
   ::close(err_pipe[1]);
   Child c;
   c.rank = w.rank;
+  c.ip = w.ip;
   c.pid = pid;
   c.running = true;
   c.prefix = StrCat("(rank ", w.rank, " pid=", pid, " ip=", w.ip, ") ");
@@ -154,6 +157,8 @@ void Drain(Stream& s, const std::string& prefix, bool prefix_it, bool eof) {
     size_t nl = s.partial.find('\n', start);
     if (nl == std::string::npos) break;
     if (nl > start) s.last_line = s.partial.substr(start, nl - start);
+    if (s.failed_collective.empty() && s.last_line.find(" failed after ") != std::string::npos)
+      s.failed_collective = s.last_line;
     if (prefix_it) out += prefix;
     out.append(s.partial, start, nl - start + 1);
     start = nl + 1;
@@ -190,7 +195,7 @@ void ReadAvailable(Stream& s, const std::string& prefix, bool prefix_it) {
 SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const SupervisorOptions& opts) {
   SupervisorResult result;
   int sp[2];
-  if (::pipe2(sp, O_CLOEXEC | O_NONBLOCK) != 0) return {1, -1, "pipe failed"};
+  if (::pipe2(sp, O_CLOEXEC | O_NONBLOCK) != 0) return {1, -1, "pipe failed", false, ""};
   Fd sig_read(sp[0]), sig_write(sp[1]);
   SignalForwarding forwarding(sig_write.get());
 
@@ -203,7 +208,7 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
     auto c = Spawn(w);
     if (!c.ok()) {
       kill_all(SIGKILL);
-      result = {1, w.rank, c.status().message()};
+      result = {1, w.rank, c.status().message(), false, ""};
       break;
     }
     children.push_back(std::move(*c));
@@ -211,16 +216,18 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
 
   const auto start = Clock::now();
   Clock::time_point all_exited_at;
-  bool killed_hard = false;
+  bool killed_hard = false, termed = false;
   bool tearing_down = !result.message.empty();
-  Clock::time_point kill_deadline = tearing_down ? Clock::now() : Clock::time_point::max();
-  auto begin_teardown = [&](int failed_rank, std::string why, int code) {
+  Clock::time_point term_at = tearing_down ? Clock::now() : Clock::time_point::max();
+  Clock::time_point kill_deadline = term_at;
+  // `drain`: let the others notice the failure and say where they were before SIGTERM.
+  auto begin_teardown = [&](int failed_rank, std::string why, int code, bool drain,
+                            bool restartable) {
     if (tearing_down) return;
     tearing_down = true;
-    result = {code, failed_rank, std::move(why)};
-    kill_all(SIGTERM);
-    kill_all(SIGCONT);
-    kill_deadline = Clock::now() + opts.grace;
+    result = {code, failed_rank, std::move(why), restartable, ""};
+    term_at = Clock::now() + (drain ? opts.drain : std::chrono::milliseconds(0));
+    kill_deadline = term_at + opts.grace;
   };
 
   for (;;) {
@@ -239,16 +246,18 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
           // Its last words are already in the pipe: read them so the message can quote them.
           ReadAvailable(c.out, c.prefix, opts.prefix_stdout);
           ReadAvailable(c.err, c.prefix, opts.prefix_stderr);
-          std::string why = WIFEXITED(status) ? StrCat("worker rank ", c.rank, " (pid ", c.pid,
-                                                       ") exited with code ", WEXITSTATUS(status))
-                                              : StrCat("worker rank ", c.rank, " (pid ", c.pid,
-                                                       ") was killed by signal ", WTERMSIG(status),
-                                                       " (", strsignal(WTERMSIG(status)), ")");
+          const std::string who =
+              StrCat("worker rank ", c.rank, " (pid ", c.pid, ", host ", c.ip, ")");
+          std::string why = WIFEXITED(status)
+                                ? StrCat(who, " exited with code ", WEXITSTATUS(status))
+                                : StrCat(who, " was killed by signal ", WTERMSIG(status), " (",
+                                         strsignal(WTERMSIG(status)), ")");
+          const bool restartable = !WIFEXITED(status) || WEXITSTATUS(status) == kExitUnavailable;
           // Quote the worker's own one-line error ("slicetrain <cmd>: error: <what>").
           std::string last = c.err.last_line;
           if (size_t at = last.find(": error: "); at != std::string::npos) last.erase(0, at + 9);
           if (!last.empty()) why += ": " + last;
-          begin_teardown(c.rank, why, 1);
+          begin_teardown(c.rank, why, 1, /*drain=*/true, restartable);
         }
       } else {
         ++running;
@@ -293,11 +302,17 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
         begin_teardown(-1,
                        StrCat("interrupted by signal ", static_cast<int>(sig), " (", strsignal(sig),
                               "); workers stopped"),
-                       128 + sig);
+                       128 + sig, /*drain=*/false, /*restartable=*/false);
       }
     }
     if (!tearing_down && opts.timeout.count() > 0 && Clock::now() - start > opts.timeout)
-      begin_teardown(-1, StrCat("workers did not finish within ", opts.timeout.count(), " ms"), 1);
+      begin_teardown(-1, StrCat("workers did not finish within ", opts.timeout.count(), " ms"), 1,
+                     /*drain=*/false, /*restartable=*/false);
+    if (tearing_down && !termed && Clock::now() >= term_at) {
+      kill_all(SIGTERM);
+      kill_all(SIGCONT);  // a stopped worker must run to die
+      termed = true;
+    }
     if (tearing_down && !killed_hard && Clock::now() > kill_deadline) {
       kill_all(SIGKILL);
       killed_hard = true;
@@ -307,7 +322,32 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
   kill_all(SIGKILL);
   for (auto& c : children)
     if (c.running) ::waitpid(c.pid, nullptr, 0);
+  // What the others said when they noticed: the first error line names a collective and a peer.
+  for (const auto& c : children) {
+    if (c.rank == result.failed_rank) continue;
+    const std::string& last = c.err.last_line;
+    if (size_t at = last.find(": error: "); at != std::string::npos) {
+      result.peer_report = last.substr(at + 9);
+      break;
+    }
+    if (!c.err.failed_collective.empty()) {
+      result.peer_report = c.err.failed_collective;
+      break;
+    }
+  }
   return result;
+}
+
+SupervisorResult RunWorkersWithRestarts(
+    const std::vector<WorkerSpec>& workers, const SupervisorOptions& opts, int max_failures,
+    const std::function<void(int attempt, const SupervisorResult& failure)>& on_restart) {
+  for (int attempt = 0;; ++attempt) {
+    std::vector<WorkerSpec> specs = workers;
+    for (auto& w : specs) w.env.emplace_back("SLICETRAIN_RESTART_ATTEMPT", std::to_string(attempt));
+    SupervisorResult r = RunWorkers(specs, opts);
+    if (r.exit_code == 0 || !r.restartable || attempt >= max_failures) return r;
+    if (on_restart) on_restart(attempt + 1, r);
+  }
 }
 
 }  // namespace st::launch

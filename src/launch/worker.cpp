@@ -37,15 +37,44 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
                                          std::to_string(env.master_port) + " free?)");
     w->server_ = std::move(*server);
   }
+  // A restarted worker may reach the store of the generation that just failed, while its rank 0
+  // has not noticed yet: that store already holds "group/formed", which a new group sets only once
+  // every rank has joined. Such a store is left alone until the new one is up (within `timeout`).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto client =
       dist::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {timeout});
-  if (!client.ok()) return client.status().WithContext(where);
+  while (env.rank != 0 && client.ok()) {
+    auto stale = (*client)->Check({"group/formed"}, {timeout});
+    if (stale.ok() && !*stale) break;  // a fresh store (an error: the old one going away)
+    if (std::chrono::steady_clock::now() > deadline) {
+      client = Status(StatusCode::kUnavailable,
+                      "the rendezvous store still belongs to the previous (failed) group");
+      break;
+    }
+    client = Status(StatusCode::kUnavailable, "stale store");  // closes the connection
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto left = std::max(std::chrono::milliseconds(1000),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - std::chrono::steady_clock::now()));
+    client = dist::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {left});
+  }
+  // A rendezvous that fails (the store or a peer not there in time, or gone: a restarted group
+  // whose other hosts have not restarted yet) is what a restart may cure: kUnavailable.
+  auto unavailable = [&](const Status& s) {
+    return Status(StatusCode::kUnavailable, s.WithContext(where).message());
+  };
+  if (!client.ok()) return unavailable(client.status());
   w->store_ = std::shared_ptr<dist::Store>(std::move(*client));
   dist::GlooOptions o;
   o.hostname = w->host_ip_;
   o.connect_timeout = timeout;
-  ST_ASSIGN_OR_RETURN(w->world_,
-                      dist::CreateGlooProcessGroup(w->store_, env.rank, env.world_size, o));
+  auto world = dist::CreateGlooProcessGroup(w->store_, env.rank, env.world_size, o);
+  if (!world.ok()) return unavailable(world.status());
+  w->world_ = std::move(*world);
+  if (env.rank == 0) {
+    Status formed = w->store_->Set("group/formed", "1", {timeout});
+    if (!formed.ok()) return unavailable(formed);
+  }
   return w;
 }
 
@@ -119,10 +148,21 @@ Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& comma
   plan.collective_timeout_ms = opts.collective_timeout_ms;
   SupervisorOptions so;
   so.prefix_stdout = opts.prefix_stdout;
-  SupervisorResult r = RunWorkers(PlanLocalWorkers(plan), so);
+  SupervisorResult r =
+      RunWorkersWithRestarts(PlanLocalWorkers(plan), so, opts.max_failures, opts.on_restart);
   *exit_code = r.exit_code;
-  if (r.exit_code != 0) return Internal(r.message);
+  if (r.exit_code != 0) return Internal(FailureSummary(r, opts.max_failures));
   return Status::Ok();
+}
+
+std::string FailureSummary(const SupervisorResult& r, int max_failures) {
+  std::string out = r.message;
+  if (!r.peer_report.empty()) out += StrCat("; ", r.peer_report);
+  if (r.restartable && max_failures > 0)
+    out += StrCat(" (gave up after --max-failures ", max_failures, " restarts)");
+  else if (r.restartable)
+    out += " (--max-failures N restarts the workers from the latest checkpoint)";
+  return out;
 }
 
 std::string NewSecret() {

@@ -3,6 +3,7 @@
 // Also plans the local workers a spawner starts (`slicetrain launch`, and commands run without it).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,9 +70,14 @@ std::vector<WorkerSpec> PlanLocalWorkers(const LocalPlan& plan);
 struct LocalSliceOptions {
   int collective_timeout_ms = 60000;
   bool prefix_stdout = false;
+  int max_failures = 0;  // restarts of the whole slice after a restartable failure
+  std::function<void(int attempt, const SupervisorResult& failure)> on_restart;
 };
 Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& command,
                      const LocalSliceOptions& opts, int* exit_code);
+
+// One line for a failed group: what failed, what a peer reported, whether restarts ran out.
+std::string FailureSummary(const SupervisorResult& r, int max_failures);
 
 // 32 random hex characters from /dev/urandom.
 std::string NewSecret();

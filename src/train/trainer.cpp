@@ -220,7 +220,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   std::vector<float> full(m.registry.layout.total());
   std::string final_metrics;
   int64_t global_step = 0, first_epoch = 0;
-  if (o.resume) {
+  if (o.resume || o.resume_if_any) {
     // Newest first; a checkpoint is used only when every rank could read its shard.
     const auto candidates = ListCheckpoints(run_dir);
     bool resumed = false;
@@ -242,10 +242,17 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       }
       break;
     }
-    if (!resumed)
+    if (!resumed && o.resume_if_any && !o.resume) {
+      if (rank == 0) {
+        std::printf("No usable checkpoint of %s yet: starting from the beginning\n",
+                    run_dir.c_str());
+        std::fflush(stdout);
+      }
+    } else if (!resumed) {
       return NotFound(StrCat("--resume: no usable checkpoint in ", run_dir,
                              candidates.empty() ? " (none found)" : " (all damaged)"));
-    if (rank == 0)
+    }
+    if (rank == 0 && resumed)
       for (const CheckpointEntry& point : candidates)
         kept.push_back({point.dir, Score(point.state, o.score_attribute)});
   }

@@ -42,6 +42,7 @@ struct FinetuneOptions {
   std::string score_order = "min";       // min | max: which checkpoints are best
   std::string progress = "auto";         // auto (bar on a terminal, else lines) | bar | lines | off
   bool resume = false;             // continue the run --run-name from its latest good checkpoint
+  bool resume_if_any = false;      // the same, but start over when there is none (a restart)
   std::string fsdp_units = "mlp";  // mlp | layer
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   std::string data_dir;                            // where the bundled data lives

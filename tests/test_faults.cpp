@@ -1,0 +1,356 @@
+// Faults on purpose, through the real binary: a worker killed with SIGKILL at a random step of an
+// epoch and while a checkpoint is being written, a worker that stops answering (SIGSTOP), a lost
+// worker and a lost host under `launch` across two "hosts" on loopback. With --max-failures the
+// group restarts from the latest good checkpoint and the final weights equal those of a run that
+// was never interrupted; without it, or when a host never comes back, the job ends with one clear
+// error line within a bounded time.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace st {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// A child process whose stdout and stderr are collected by a thread, so that a test can wait for a
+// line and act (kill a worker) while the job runs.
+class Proc {
+ public:
+  explicit Proc(const std::vector<std::string>& argv,
+                const std::vector<std::string>& extra_env = {}) {
+    int p[2];
+    EXPECT_EQ(pipe2(p, O_CLOEXEC), 0);
+    std::vector<std::string> args = argv;
+    std::vector<char*> cargv;
+    for (auto& a : args) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::vector<std::string> env = extra_env;
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(p[1], 1);
+      dup2(p[1], 2);
+      for (auto& kv : env) putenv(kv.data());
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(p[1]);
+    reader_ = std::thread([this, fd = p[0]] {
+      char buf[4096];
+      for (;;) {
+        ssize_t k = read(fd, buf, sizeof(buf));
+        std::lock_guard<std::mutex> lock(mu_);
+        if (k <= 0) {
+          eof_ = true;
+          cv_.notify_all();
+          break;
+        }
+        out_.append(buf, static_cast<size_t>(k));
+        cv_.notify_all();
+      }
+      close(fd);
+    });
+  }
+  ~Proc() {
+    if (pid_ > 0 && !waited_) {
+      kill(-pid_, SIGKILL);
+      Wait(std::chrono::seconds(30));
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+  Proc(const Proc&) = delete;
+  Proc& operator=(const Proc&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::string out() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return out_;
+  }
+  // Waits until the output matches `re` (true), or the process closed its output or the timeout
+  // passed (false).
+  bool WaitFor(const std::string& re, std::chrono::seconds timeout) {
+    const std::regex r(re);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return eof_ || std::regex_search(out_, r); });
+    return std::regex_search(out_, r);
+  }
+  // Exit code, 128 + signal, or -1 when it did not end in time (then it is killed).
+  int Wait(std::chrono::seconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    int status = 0;
+    while (Clock::now() < deadline) {
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        waited_ = true;
+        if (reader_.joinable()) reader_.join();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    waited_ = true;
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool waited_ = false;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string out_;
+  bool eof_ = false;
+};
+
+// The pids of the worker processes a driver or launcher started: its children running `finetune`.
+std::vector<pid_t> Workers(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) != 2) continue;
+    if (ppid == parent) out.push_back(std::stoi(name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string Newest(const std::string& run) {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run, ec))
+    if (e.path().filename().string().rfind("checkpoint_", 0) == 0)
+      dirs.push_back(e.path().string());
+  std::sort(dirs.begin(), dirs.end());
+  return dirs.empty() ? "" : dirs.back();
+}
+
+class Faults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/st_faults_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // 3 epochs of 8 steps over 2 workers: small enough for a test, long enough to hit mid-epoch.
+  std::vector<std::string> Finetune(const std::string& run, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {ST_BINARY,
+                                     "finetune",
+                                     "--data-dir",
+                                     ST_SOURCE_DIR "/data",
+                                     "--dataset-split",
+                                     "train[:64]",
+                                     "--max-seq-len",
+                                     "32",
+                                     "--num-epochs",
+                                     "3",
+                                     "--topology",
+                                     "2",
+                                     "--progress",
+                                     "lines",
+                                     "--no-dashboard",
+                                     "--storage-path",
+                                     dir_,
+                                     "--run-name",
+                                     run};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  }
+  std::string Reference() {
+    Proc ref(Finetune("reference", {}));
+    EXPECT_EQ(ref.Wait(std::chrono::seconds(300)), 0) << ref.out();
+    return ReadFile(Newest(dir_ + "/reference") + "/model.safetensors");
+  }
+  std::string dir_;
+};
+
+TEST_F(Faults, KilledWorkersMidEpochAndMidCheckpointResumeExactly) {
+  const std::string expected = Reference();
+  ASSERT_FALSE(expected.empty());
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  const int step = std::uniform_int_distribution<int>(1, 7)(rng);
+  const int victim = std::uniform_int_distribution<int>(0, 1)(rng);
+  SCOPED_TRACE("seed " + std::to_string(seed) + ": SIGKILL of worker " + std::to_string(victim) +
+               " after step " + std::to_string(step) + " of epoch 2");
+
+  Proc job(Finetune("faulty", {"--max-failures", "2"}));
+  // 1. A random worker at a random step of epoch 2.
+  ASSERT_TRUE(
+      job.WaitFor("epoch 2/3 step " + std::to_string(step) + "/8", std::chrono::seconds(300)))
+      << job.out();
+  std::vector<pid_t> workers = Workers(job.pid());
+  ASSERT_EQ(workers.size(), 2u) << job.out();
+  ASSERT_EQ(kill(workers[victim], SIGKILL), 0);
+  // 2. After the restart, rank 0 while it writes the checkpoint of epoch 2: the epoch line is
+  // printed just before the shards are gathered and written.
+  ASSERT_TRUE(job.WaitFor(R"(Restarting the workers \(restart 1 of --max-failures 2\))",
+                          std::chrono::seconds(60)))
+      << job.out();
+  ASSERT_TRUE(job.WaitFor(R"(Epoch 2/3 \| loss=)", std::chrono::seconds(300))) << job.out();
+  workers = Workers(job.pid());
+  ASSERT_EQ(workers.size(), 2u) << job.out();
+  ASSERT_EQ(kill(workers[0], SIGKILL), 0);
+  ASSERT_EQ(job.Wait(std::chrono::seconds(600)), 0) << job.out();
+  const std::string out = job.out();
+  // What failed, where it resumed.
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex(R"(Worker group failed: worker rank \d \(pid \d+, host 127\.0\.0\.1\) was )"
+                      R"(killed by signal 9 \(Killed\))")))
+      << out;
+  EXPECT_NE(out.find("(restart 2 of --max-failures 2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("Resuming from "), std::string::npos) << out;
+  EXPECT_NE(out.find("Training completed!"), std::string::npos) << out;
+  // No damaged checkpoint was committed, none was left half-written.
+  for (const auto& e : fs::directory_iterator(dir_ + "/faulty"))
+    EXPECT_NE(e.path().filename().string().rfind(".pending_epoch_", 0), 0u) << e.path();
+  const std::string got = ReadFile(Newest(dir_ + "/faulty") + "/model.safetensors");
+  EXPECT_TRUE(got == expected)
+      << "the final weights of the run that lost workers differ from the uninterrupted run's";
+}
+
+TEST_F(Faults, StoppedWorkerIsDetectedByTimeout) {
+  // Without restarts: the job ends with one error line naming the collective that timed out.
+  {
+    Proc job(Finetune("stopped", {"--timeout-ms", "3000"}));
+    ASSERT_TRUE(job.WaitFor("epoch 1/3 step 3/8", std::chrono::seconds(300))) << job.out();
+    std::vector<pid_t> workers = Workers(job.pid());
+    ASSERT_EQ(workers.size(), 2u);
+    ASSERT_EQ(kill(workers[1], SIGSTOP), 0);
+    const int code = job.Wait(std::chrono::seconds(120));
+    const std::string out = job.out();
+    EXPECT_NE(code, 0) << out;
+    EXPECT_NE(code, -1) << "the job hung: " << out;
+    EXPECT_NE(out.find("failed after"), std::string::npos) << out;
+    EXPECT_NE(out.find("--max-failures N restarts"), std::string::npos) << out;
+    std::smatch m;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n') > 0, true);
+    EXPECT_TRUE(std::regex_search(out, m, std::regex(R"(slicetrain finetune: error: .*)"))) << out;
+    // Nothing is left behind, stopped or not.
+    EXPECT_TRUE(Workers(job.pid()).empty());
+  }
+  // With a restart: the stopped worker is killed, the group restarts and finishes.
+  {
+    Proc job(Finetune("stopped_restart", {"--timeout-ms", "3000", "--max-failures", "1"}));
+    ASSERT_TRUE(job.WaitFor("epoch 1/3 step 3/8", std::chrono::seconds(300))) << job.out();
+    std::vector<pid_t> workers = Workers(job.pid());
+    ASSERT_EQ(workers.size(), 2u);
+    ASSERT_EQ(kill(workers[1], SIGSTOP), 0);
+    ASSERT_EQ(job.Wait(std::chrono::seconds(600)), 0) << job.out();
+    const std::string out = job.out();
+    EXPECT_NE(out.find("from the beginning: no checkpoint yet"), std::string::npos) << out;
+    EXPECT_NE(out.find("No usable checkpoint of"), std::string::npos) << out;
+    EXPECT_NE(out.find("Epoch 3/3"), std::string::npos) << out;
+  }
+}
+
+// Two `launch` processes on loopback play two hosts of one job (SLICETRAIN_SECRET shared).
+TEST_F(Faults, LaunchRestartsAcrossHostsAndGivesUpOnAHostThatNeverReturns) {
+  const std::string port = std::to_string(20000 + (getpid() % 20000));
+  auto host = [&](int node, const std::string& run, const std::string& failures) {
+    std::vector<std::string> argv = {ST_BINARY,
+                                     "launch",
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(node),
+                                     "--nproc-per-node",
+                                     "1",
+                                     "--master-addr",
+                                     "127.0.0.1",
+                                     "--master-port",
+                                     port,
+                                     "--max-failures",
+                                     failures,
+                                     "--grace-ms",
+                                     "1000",
+                                     "--"};
+    std::vector<std::string> ft = Finetune(run, {});
+    std::replace(ft.begin(), ft.end(), std::string("2"), std::string("2x1"));  // --topology
+    argv.insert(argv.end(), ft.begin() + 1, ft.end());
+    return std::make_unique<Proc>(
+        argv, std::vector<std::string>{"SLICETRAIN_SECRET=0123456789abcdef0123456789abcdef",
+                                       "SLICETRAIN_TIMEOUT_MS=8000"});
+  };
+  // The reference ran under launch too: 1 worker per host gets both cores' threads, and thread
+  // counts may change the order of float sums.
+  std::string expected;
+  {
+    auto h0 = host(0, "launch_reference", "0");
+    auto h1 = host(1, "launch_reference", "0");
+    ASSERT_EQ(h1->Wait(std::chrono::seconds(600)), 0) << h1->out();
+    ASSERT_EQ(h0->Wait(std::chrono::seconds(600)), 0) << h0->out();
+    expected = ReadFile(Newest(dir_ + "/launch_reference") + "/model.safetensors");
+    ASSERT_FALSE(expected.empty());
+  }
+  {
+    // A worker of host 1 dies in epoch 2: both hosts restart theirs, they meet again, finish.
+    auto h0 = host(0, "launched", "2");
+    auto h1 = host(1, "launched", "2");
+    ASSERT_TRUE(h0->WaitFor("epoch 2/3 step 2/8", std::chrono::seconds(300))) << h0->out();
+    std::vector<pid_t> w1 = Workers(h1->pid());
+    ASSERT_EQ(w1.size(), 1u) << h1->out();
+    ASSERT_EQ(kill(w1[0], SIGKILL), 0);
+    EXPECT_EQ(h1->Wait(std::chrono::seconds(600)), 0) << h1->out();
+    EXPECT_EQ(h0->Wait(std::chrono::seconds(600)), 0) << h0->out();
+    EXPECT_NE(h1->out().find("restarting this host's workers (1 of --max-failures 2)"),
+              std::string::npos)
+        << h1->out();
+    EXPECT_NE(h0->out().find("restarting this host's workers"), std::string::npos) << h0->out();
+    EXPECT_NE(h0->out().find("Resuming from "), std::string::npos) << h0->out();
+    const std::string got = ReadFile(Newest(dir_ + "/launched") + "/model.safetensors");
+    EXPECT_TRUE(got == expected) << "the relaunched run's final weights differ";
+  }
+  {
+    // Host 1 is lost for good (its launcher and workers killed): host 0 restarts, waits at the
+    // rendezvous for a bounded time, and ends with a clear error.
+    auto h0 = host(0, "lost_host", "1");
+    auto h1 = host(1, "lost_host", "1");
+    ASSERT_TRUE(h0->WaitFor("epoch 1/3 step 2/8", std::chrono::seconds(300))) << h0->out();
+    kill(-h1->pid(), SIGKILL);
+    const auto t0 = Clock::now();
+    const int code = h0->Wait(std::chrono::seconds(300));
+    const std::string out = h0->out();
+    EXPECT_NE(code, 0) << out;
+    EXPECT_NE(code, -1) << "host 0 waited forever: " << out;
+    EXPECT_NE(out.find("slicetrain launch: error: node 0 (127.0.0.1): "), std::string::npos) << out;
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(290));
+  }
+}
+
+}  // namespace
+}  // namespace st
