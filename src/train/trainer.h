@@ -4,7 +4,8 @@
 // per-epoch lines on rank 0 and writes a Hugging Face checkpoint per epoch (best kept).
 // Each checkpoint also holds every rank's FSDP shard (master weights, AdamW moments) and the
 // trainer state, so --resume continues exactly at the epoch boundary it stopped at.
-// Not yet: recovery from lost workers (restart policy), mid-epoch checkpoints.
+// A restarted group (--max-failures) resumes the same way (resume_if_any). Not yet: mid-epoch
+// checkpoints.
 #pragma once
 
 #include <cstdint>
