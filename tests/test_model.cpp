@@ -342,5 +342,24 @@ TEST(Config, WrongTypesAndAbsurdSizesAreErrors) {
   EXPECT_TRUE(PresetConfig("gemma4-e2b").ok());
 }
 
+// The estimate that turns an impossible --batch-size/--max-seq-len into a message stays close to
+// what the engine really plans, so that it never refuses a batch that would fit.
+TEST(Config, ActivationEstimateTracksTheEngine) {
+  for (const char* preset : {"gemma4-tiny", "gemma4-small"}) {
+    auto c = PresetConfig(preset);
+    ASSERT_TRUE(c.ok());
+    for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 7}, {4, 48}, {2, 200}}) {
+      Gemma4Engine engine(*c, B, T);
+      const double real = static_cast<double>(engine.ActivationBytes());
+      const double est = EstimateActivationBytes(*c, B, T);
+      EXPECT_GT(est, 0.5 * real) << preset << " " << B << "x" << T;
+      EXPECT_LT(est, 1.5 * real) << preset << " " << B << "x" << T;
+    }
+  }
+  auto tiny = PresetConfig("gemma4-tiny");
+  EXPECT_TRUE(CheckActivationMemory(*tiny, 4, 48).ok());
+  EXPECT_EQ(CheckActivationMemory(*tiny, 8, 2000000000).code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace st

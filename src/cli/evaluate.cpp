@@ -25,6 +25,7 @@ Status Run(const EvaluateArgs& a) {
     return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
+  ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len));
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.split,
                                           a.max_seq_len, BundledDataDir(a.data_dir)));

@@ -14,6 +14,7 @@
 #include "launch/cluster_env.h"
 #include "launch/topology.h"
 #include "launch/worker.h"
+#include "model/gemma4.h"
 #include "observe/dashboard.h"
 #include "observe/plot.h"
 #include "observe/recorder.h"
@@ -186,6 +187,16 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   if (env.restart_attempt > 0) a.o.resume_if_any = true;
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
   ST_ASSIGN_OR_RETURN(a.o.model_id, ResolveModelSource(a.o.model_id, HubFromEnvironment()));
+  {
+    // A batch the machine cannot hold is a flag error here, before any worker is spawned, not an
+    // allocation failure in each worker. A config that does not load is the workers' to report.
+    std::error_code ec;
+    StatusOr<Gemma4Config> cfg = std::filesystem::is_directory(a.o.model_id, ec)
+                                     ? LoadGemma4Config(a.o.model_id + "/config.json")
+                                     : PresetConfig(a.o.model_id);
+    if (cfg.ok())
+      ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, a.o.batch_size_per_device, a.o.max_seq_len));
+  }
   if (a.o.progress == "auto") a.o.progress = isatty(STDOUT_FILENO) ? "bar" : "lines";
   if (a.o.progress != "bar" && a.o.progress != "lines" && a.o.progress != "off")
     return InvalidArgument("--progress must be auto, bar, lines or off, got '" + a.o.progress +

@@ -1,5 +1,7 @@
 #include "model/gemma4.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -485,6 +487,34 @@ double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t 
              static_cast<double>(B);
   }
   return flops;
+}
+
+double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq) {
+  // Mirrors PlanActivations() to within small per-token terms.
+  const double B = static_cast<double>(max_batch), T = static_cast<double>(max_seq), N = B * T;
+  const double d = static_cast<double>(cfg.hidden_size),
+               H = static_cast<double>(cfg.num_attention_heads);
+  const double P = static_cast<double>(cfg.hidden_size_per_layer_input);
+  const double L = static_cast<double>(cfg.num_hidden_layers);
+  double floats = (L + 1) * N * d + 2 * N * L * P + 2 * N * static_cast<double>(cfg.vocab_size);
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const double D = static_cast<double>(cfg.HeadDim(i)), kv = static_cast<double>(cfg.KvHeads(i));
+    floats += N * (8 * d + 3 * H * D + 4 * kv * D + 3 * static_cast<double>(cfg.MlpWidth(i)) + P) +
+              B * H * T * T;
+  }
+  return floats * sizeof(float);
+}
+
+Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq) {
+  const double need = EstimateActivationBytes(cfg, max_batch, max_seq);
+  const double have =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > have)
+    return InvalidArgument(StrCat(
+        "a batch of ", max_batch, " x ", max_seq, " tokens needs about ",
+        static_cast<int64_t>(need / (1 << 30)), " GiB of activations, more than this machine's ",
+        static_cast<int64_t>(have / (1 << 30)), " GiB; lower the batch size or --max-seq-len"));
+  return Status::Ok();
 }
 
 }  // namespace st

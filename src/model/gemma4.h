@@ -58,6 +58,13 @@ class ParamHooks {
   virtual void AfterBackward(int64_t /*layer*/, Part /*part*/) {}
 };
 
+// The bytes of the activation arena Gemma4Engine(cfg, max_batch, max_seq) plans, estimated in
+// floating point so that absurd sizes cannot overflow; attention probabilities grow as T^2.
+double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq);
+// InvalidArgument when that estimate exceeds the machine's physical memory: a flag such as
+// --max-seq-len 2000000000 is then a message instead of an allocation failure in the engine.
+Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq);
+
 class Gemma4Engine {
  public:
   Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
