@@ -124,7 +124,15 @@ StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const DashboardOptions& op
   }
   d->Touch();
   httplib::Server* server = d->server_.get();
-  d->thread_ = std::thread([server] { server->listen_after_bind(); });
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  d->thread_ = std::thread([server, returned] {
+    server->listen_after_bind();
+    *returned = true;
+  });
+  // Return only once the server loop runs: a stop() before that would be lost (httplib ignores
+  // it while not running) and the destructor's join would wait forever.
+  while (!server->is_running() && !*returned)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return d;
 }
 
