@@ -109,6 +109,8 @@ const Case kCases[] = {
      "config/huge_vocab_and_hidden.json"},
     {"config_layer_types_wrong_length", "{eval}", 2, "layer_types has 2 entries", "config.json",
      "config/layer_types_wrong_length.json"},
+    {"config_per_layer_config_past_layer_types", "{eval}", 2, "layer_types has 2 entries",
+     "config.json", "config/per_layer_config_past_layer_types.json"},
     {"config_heads_not_divisible", "{eval}", 2, "must be a multiple of the kv heads", "config.json",
      "config/heads_not_divisible.json"},
     {"config_gemma4_without_text_config", "{eval}", 2, "no text_config object", "config.json",

@@ -340,6 +340,14 @@ TEST(Config, WrongTypesAndAbsurdSizesAreErrors) {
   EXPECT_NE(huge.status().message().find("billion parameters"), std::string::npos)
       << huge.status().message();
   EXPECT_TRUE(PresetConfig("gemma4-e2b").ok());
+  // Found by fuzz_config: per_layer_config for a layer past a short layer_types list read out of
+  // bounds (fuzz/corpus/fuzz_config/regress_per_layer_config_past_layer_types.json).
+  auto short_types = ParseGemma4Config(R"({"model_type": "gemma4_text", "num_hidden_layers": 6,
+      "layer_types": ["sliding_attention", "full_attention"],
+      "per_layer_config": {"5": {"head_dim": 32}}})");
+  ASSERT_FALSE(short_types.ok());
+  EXPECT_NE(short_types.status().message().find("layer_types has 2 entries"), std::string::npos)
+      << short_types.status().message();
 }
 
 // The estimate that turns an impossible --batch-size/--max-seq-len into a message stays close to

@@ -202,6 +202,10 @@ Status ParseText(const json& t, Gemma4Config* c) {
       c->layer_types.push_back((i + 1) % 6 ? LayerType::kSliding : LayerType::kFull);
   }
   if (!c->layer_types.empty()) c->layer_types.back() = LayerType::kFull;
+  // Checked here, not only in Validate: per_layer_config below indexes layer_types by layer.
+  if (static_cast<int64_t>(c->layer_types.size()) != c->num_hidden_layers)
+    return InvalidArgument(StrCat("invalid Gemma 4 config: layer_types has ", c->layer_types.size(),
+                                  " entries but num_hidden_layers is ", c->num_hidden_layers));
 
   if (t.contains("rope_parameters") && !t["rope_parameters"].is_null()) {
     const json& rp = t["rope_parameters"];
