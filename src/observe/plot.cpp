@@ -136,7 +136,8 @@ std::string PlotSvg(const std::string& title, const std::string& x_label,
         << "<text x=\"" << kLeft - 6 << "\" y=\"" << Num(Y(yv) + 4)
         << "\" text-anchor=\"end\" fill=\"#555\">" << Tick(yv) << "</text>\n"
         << "<text x=\"" << Num(X(xv)) << "\" y=\"" << y0 + ph + 16
-        << "\" text-anchor=\"middle\" fill=\"#555\">" << Tick(xv) << "</text>\n";
+        << "\" text-anchor=\"middle\" fill=\"#555\">"
+        << Tick(xmax - xmin >= 8 ? std::round(xv) : xv) << "</text>\n";
     }
     o << "<rect x=\"" << kLeft << "\" y=\"" << y0 << "\" width=\"" << pw << "\" height=\"" << ph
       << "\" fill=\"none\" stroke=\"#999\"/>\n"
@@ -151,10 +152,13 @@ std::string PlotSvg(const std::string& title, const std::string& x_label,
       std::string pts;
       for (const auto& [x, y] : s.points)
         if (std::isfinite(x) && std::isfinite(y)) pts += Num(X(x)) + "," + Num(Y(y)) + " ";
-      if (s.points.size() == 1 && !pts.empty())
-        o << "<circle cx=\"" << Num(X(s.points[0].first)) << "\" cy=\""
-          << Num(Y(s.points[0].second)) << "\" r=\"3\" fill=\"" << s.color << "\"/>\n";
-      else
+      // Sparse series (a point per epoch) get a marker on every point.
+      if (s.points.size() <= 20)
+        for (const auto& [x, y] : s.points)
+          if (std::isfinite(x) && std::isfinite(y))
+            o << "<circle cx=\"" << Num(X(x)) << "\" cy=\"" << Num(Y(y)) << "\" r=\"3\" fill=\""
+              << s.color << "\"/>\n";
+      if (s.points.size() > 1)
         o << "<polyline fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\" points=\""
           << pts << "\"/>\n";
       legend_x -= 9.0 * s.name.size() + 30;
