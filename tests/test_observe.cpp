@@ -693,7 +693,7 @@ TEST(ObserveE2E, LiveFinetuneDashboardEndpointsAndBrowser) {
              "--dashboard-port",
              "0",
              "--dashboard-linger",
-             "8"});
+             "15"});
   const std::string url = run.WaitFor(R"(Dashboard: (http://127\.0\.0\.1:[0-9]+/))", 300);
   ASSERT_FALSE(url.empty()) << run.output();
   const int port = std::stoi(url.substr(url.rfind(':') + 1));
