@@ -44,6 +44,7 @@ Split3 Around(const Shape& s, int d) {
 // Copies rows [r.begin, r.begin + r.length) of dim d of `full` (shape s) into dst (contiguous).
 void SliceDim(const float* full, const Shape& s, int d, Range r, float* dst) {
   const Split3 v = Around(s, d);
+  if (r.length * v.inner == 0) return;  // an empty piece (its buffer may be null: memcpy's UB)
   for (int64_t o = 0; o < v.outer; ++o)
     std::memcpy(dst + o * r.length * v.inner, full + (o * v.n + r.begin) * v.inner,
                 sizeof(float) * r.length * v.inner);
@@ -52,6 +53,7 @@ void SliceDim(const float* full, const Shape& s, int d, Range r, float* dst) {
 // The inverse: writes a piece back into its place in `full`.
 void PlaceDim(const float* piece, const Shape& s, int d, Range r, float* full) {
   const Split3 v = Around(s, d);
+  if (r.length * v.inner == 0) return;
   for (int64_t o = 0; o < v.outer; ++o)
     std::memcpy(full + (o * v.n + r.begin) * v.inner, piece + o * r.length * v.inner,
                 sizeof(float) * r.length * v.inner);
