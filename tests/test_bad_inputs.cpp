@@ -18,25 +18,14 @@
 #include "io/hf_model.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "test_util.h"
 
 namespace st {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Ran {
-  int code;  // the exit code; -1 when killed by a signal
-  std::string out;
-};
-
-Ran RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::Ran;
+using test::RunCommand;
 
 void Replace(std::string* s, const std::string& from, const std::string& to) {
   for (size_t at = 0; (at = s->find(from, at)) != std::string::npos; at += to.size())
@@ -59,34 +48,39 @@ constexpr const char* kEval =
     "{bin} evaluate --model-id {model} --tokenizer {src}/data/tokenizer --data-dir {src}/data "
     "--dataset-split 'train[:16]' --max-seq-len 32";
 
+// gtest names a failing case by this (instead of a dump of its bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
 const Case kCases[] = {
     // ---- data sets (finetune spawns one worker; evaluate reads in-process) ----
-    {"dataset_invalid_utf8", "{ft} --dataset {bad}/dataset/invalid_utf8.jsonl", 1,
+    {"dataset_invalid_utf8", "{ft} --dataset {bad}/dataset/invalid_utf8.jsonl", 2,
      "line 1 is not valid JSON (invalid UTF-8)"},
-    {"dataset_not_json", "{ft} --dataset {bad}/dataset/not_json.jsonl", 1,
+    {"dataset_not_json", "{ft} --dataset {bad}/dataset/not_json.jsonl", 2,
      "line 1 is not valid JSON"},
-    {"dataset_truncated_record", "{ft} --dataset {bad}/dataset/truncated_record.jsonl", 1,
+    {"dataset_truncated_record", "{ft} --dataset {bad}/dataset/truncated_record.jsonl", 2,
      "line 1 is not valid JSON"},
-    {"dataset_missing_response", "{ft} --dataset {bad}/dataset/missing_response.jsonl", 1,
+    {"dataset_missing_response", "{ft} --dataset {bad}/dataset/missing_response.jsonl", 2,
      "no record has Dolly's fields"},
     {"dataset_all_records_wrong_types",
-     "{ft} --dataset {bad}/dataset/all_records_wrong_types.jsonl", 1, "is not a string"},
-    {"dataset_empty", "{ft} --dataset {bad}/dataset/empty.jsonl", 1, "no record has"},
-    {"dataset_only_blank_lines", "{ft} --dataset {bad}/dataset/only_blank_lines.jsonl", 1,
+     "{ft} --dataset {bad}/dataset/all_records_wrong_types.jsonl", 2, "is not a string"},
+    {"dataset_empty", "{ft} --dataset {bad}/dataset/empty.jsonl", 2, "no record has"},
+    {"dataset_only_blank_lines", "{ft} --dataset {bad}/dataset/only_blank_lines.jsonl", 2,
      "no record has"},
-    {"dataset_array_not_closed", "{ft} --dataset {bad}/dataset/array_not_closed.json", 1,
+    {"dataset_array_not_closed", "{ft} --dataset {bad}/dataset/array_not_closed.json", 2,
      "the JSON array is not closed"},
-    {"dataset_object_not_array", "{ft} --dataset {bad}/dataset/object_not_array.json", 1,
+    {"dataset_object_not_array", "{ft} --dataset {bad}/dataset/object_not_array.json", 2,
      "must be an array of records"},
-    {"dataset_records_are_numbers", "{ft} --dataset {bad}/dataset/records_are_numbers.json", 1,
+    {"dataset_records_are_numbers", "{ft} --dataset {bad}/dataset/records_are_numbers.json", 2,
      "line 1 is not a JSON object"},
-    {"dataset_huge_line", "{ft} --dataset {tmp}/huge_line.jsonl", 1, "longer than 16 MiB"},
+    {"dataset_huge_line", "{ft} --dataset {tmp}/huge_line.jsonl", 2, "longer than 16 MiB"},
     {"dataset_missing", "{ft} --dataset {bad}/dataset/no_such_file.jsonl", 1,
      "no such data set file"},
     {"dataset_bad_split",
      "{bin} finetune --dataset-split 'train[abc:]' --topology 1 --storage-path "
      "{tmp}/runs",
-     1, "is not an integer"},
+     2, "is not an integer"},
     {"evaluate_dataset_invalid_utf8", "{eval} --dataset {bad}/dataset/invalid_utf8.jsonl", 2,
      "(invalid UTF-8)", "config.json", ""},
     // ---- config.json of a model directory ----
@@ -211,7 +205,7 @@ const Case kCases[] = {
     {"tokenizer_missing", "{bin} tokenize --tokenizer {bad}/tokenizer/no_such.json --text hi", 1,
      "no_such.json"},
     {"finetune_tokenizer_merge_of_unknown_token",
-     "{ft} --tokenizer {bad}/tokenizer/merge_of_unknown_token.json", 1,
+     "{ft} --tokenizer {bad}/tokenizer/merge_of_unknown_token.json", 2,
      "merge 0 uses a token missing from the vocabulary"},
     // ---- topologies, world sizes, batch sizes ----
     {"topology_zero", "{bin} finetune --topology 0", 2, "has a zero dimension"},
@@ -224,7 +218,7 @@ const Case kCases[] = {
      "--num-workers 3"},
     {"batch_size_zero", "{ft} --batch-size-per-device 0", 2, "--batch-size-per-device"},
     {"batch_size_negative", "{ft} --batch-size-per-device -4", 2, "--batch-size-per-device"},
-    {"batch_size_larger_than_data", "{ft} --batch-size-per-device 200", 1,
+    {"batch_size_larger_than_data", "{ft} --batch-size-per-device 200", 2,
      "too few for 1 workers x --batch-size-per-device 200"},
     {"max_seq_len_huge", "{ft} --max-seq-len 2000000000", 2, "GiB of activations"},
     {"batch_and_seq_len_too_big", "{ft} --batch-size-per-device 8 --max-seq-len 100000000", 2,
@@ -251,6 +245,15 @@ const Case kCases[] = {
     {"collectives_hidden_dim_huge",
      "{bin} collectives --accelerator-type CPU --topology 2 --hidden-dim 1000000000", 2,
      "GiB per worker"},
+    // ---- flags ----
+    {"flag_unknown", "{bin} finetune --epochs 1", 2,
+     "slicetrain finetune: error: The following arguments were not expected: 1 --epochs (see "
+     "'slicetrain finetune --help')"},
+    {"flag_not_a_number", "{bin} finetune --num-epochs three", 2, "--num-epochs = three"},
+    {"flag_missing_value", "{bin} evaluate --model-id", 2, "--model-id"},
+    {"flag_required_missing", "{bin} evaluate", 2, "--model-id is required"},
+    {"command_unknown", "{bin} fintune", 2, "unknown command 'fintune'; the commands are info"},
+    {"command_missing", "{bin}", 2, "A subcommand is required"},
     // ---- storage ----
     {"storage_path_under_a_file", "{ft} --storage-path {tmp}/a_regular_file/runs", 1,
      "Not a directory"},
@@ -325,13 +328,13 @@ std::string* BadInput::tmp_ = nullptr;
 void ExpectOneLineError(const Ran& r, int code, const std::string& message) {
   EXPECT_EQ(r.code, code) << "exit code (124: timed out, -1: killed by a signal)\n" << r.out;
   EXPECT_TRUE(r.code == 1 || r.code == 2) << r.out;
-  // Exactly one line of our own says "error:". A spawned worker's line, forwarded with its
-  // "(rank N ...)" prefix, is the same message; the driver's line is the one that counts.
+  // Exactly one line says "error:". A spawned worker's own error line is not printed as well:
+  // the driver's line quotes it.
   std::istringstream lines(r.out);
   int errors = 0;
   std::string error_line;
   for (std::string line; std::getline(lines, line);) {
-    if (line.find("error:") == std::string::npos || line.rfind("(rank ", 0) == 0) continue;
+    if (line.find("error:") == std::string::npos) continue;
     ++errors;
     error_line = line;
   }

@@ -25,10 +25,14 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 namespace st {
 namespace {
 
 namespace fs = std::filesystem;
+using test::NewestCheckpoint;
+using test::ReadFile;
 using Clock = std::chrono::steady_clock;
 
 // A child process whose stdout and stderr are collected by a thread, so that a test can wait for a
@@ -142,21 +146,6 @@ std::vector<pid_t> Workers(pid_t parent) {
   return out;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::string Newest(const std::string& run) {
-  std::vector<std::string> dirs;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(run, ec))
-    if (e.path().filename().string().rfind("checkpoint_", 0) == 0)
-      dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs.empty() ? "" : dirs.back();
-}
-
 class Faults : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -193,7 +182,7 @@ class Faults : public ::testing::Test {
   std::string Reference() {
     Proc ref(Finetune("reference", {}));
     EXPECT_EQ(ref.Wait(std::chrono::seconds(300)), 0) << ref.out();
-    return ReadFile(Newest(dir_ + "/reference") + "/model.safetensors");
+    return ReadFile(NewestCheckpoint(dir_ + "/reference") + "/model.safetensors");
   }
   std::string dir_;
 };
@@ -238,7 +227,7 @@ TEST_F(Faults, KilledWorkersMidEpochAndMidCheckpointResumeExactly) {
   // No damaged checkpoint was committed, none was left half-written.
   for (const auto& e : fs::directory_iterator(dir_ + "/faulty"))
     EXPECT_NE(e.path().filename().string().rfind(".pending_epoch_", 0), 0u) << e.path();
-  const std::string got = ReadFile(Newest(dir_ + "/faulty") + "/model.safetensors");
+  const std::string got = ReadFile(NewestCheckpoint(dir_ + "/faulty") + "/model.safetensors");
   EXPECT_TRUE(got == expected)
       << "the final weights of the run that lost workers differ from the uninterrupted run's";
 }
@@ -314,7 +303,7 @@ TEST_F(Faults, LaunchRestartsAcrossHostsAndGivesUpOnAHostThatNeverReturns) {
     auto h1 = host(1, "launch_reference", "0");
     ASSERT_EQ(h1->Wait(std::chrono::seconds(600)), 0) << h1->out();
     ASSERT_EQ(h0->Wait(std::chrono::seconds(600)), 0) << h0->out();
-    expected = ReadFile(Newest(dir_ + "/launch_reference") + "/model.safetensors");
+    expected = ReadFile(NewestCheckpoint(dir_ + "/launch_reference") + "/model.safetensors");
     ASSERT_FALSE(expected.empty());
   }
   {
@@ -332,7 +321,7 @@ TEST_F(Faults, LaunchRestartsAcrossHostsAndGivesUpOnAHostThatNeverReturns) {
         << h1->out();
     EXPECT_NE(h0->out().find("restarting this host's workers"), std::string::npos) << h0->out();
     EXPECT_NE(h0->out().find("Resuming from "), std::string::npos) << h0->out();
-    const std::string got = ReadFile(Newest(dir_ + "/launched") + "/model.safetensors");
+    const std::string got = ReadFile(NewestCheckpoint(dir_ + "/launched") + "/model.safetensors");
     EXPECT_TRUE(got == expected) << "the relaunched run's final weights differ";
   }
   {

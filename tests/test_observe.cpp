@@ -28,25 +28,20 @@
 #include "observe/plot.h"
 #include "observe/recorder.h"
 #include "observe/runs.h"
+#include "test_util.h"
 #include "train/step_metrics.h"
 
 namespace st {
 namespace {
 
 namespace fs = std::filesystem;
+using test::ReadFile;
 using Clock = std::chrono::steady_clock;
 
 std::string TempDir(const char* tag) {
   std::string tmpl = std::string("/tmp/st_observe_") + tag + "_XXXXXX";
   char* d = mkdtemp(tmpl.data());
   return d ? d : "";
-}
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The Prometheus text format (0.0.4), strictly enough to catch what a scraper rejects: every

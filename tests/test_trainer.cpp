@@ -14,12 +14,17 @@
 
 #include "io/hf_model.h"
 #include "model/config.h"
+#include "test_util.h"
 #include "train/trainer.h"
 
 namespace st {
 namespace {
 
 namespace fs = std::filesystem;
+using test::NewestCheckpoint;
+using test::Ran;
+using test::ReadFile;
+using test::RunCommand;
 
 TEST(EpochBatches, EachEpochCoversEveryExampleOnceAcrossRanks) {
   for (int world : {1, 2, 3, 4}) {
@@ -51,20 +56,6 @@ TEST(EpochBatches, PadsToTheWorldAndDropsThePartialBatch) {
     ASSERT_EQ(b.size(), 1u);
     EXPECT_EQ(b[0].size(), 3u);
   }
-}
-
-struct Ran {
-  int code;
-  std::string out;
-};
-
-Ran RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
@@ -114,21 +105,6 @@ TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
   fs::remove_all(dir);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// The newest checkpoint of a run directory (names sort by time).
-std::string Newest(const std::string& run) {
-  std::vector<std::string> dirs;
-  for (const auto& e : fs::directory_iterator(run))
-    if (e.path().filename().string().rfind("checkpoint_", 0) == 0)
-      dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs.empty() ? "" : dirs.back();
-}
-
 TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   char tmpl[] = "/tmp/st_resume_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -147,13 +123,13 @@ TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   EXPECT_NE(rest.out.find("Resuming from "), std::string::npos) << rest.out;
   EXPECT_EQ(rest.out.find("Epoch 1/3"), std::string::npos) << "epoch 1 ran again: " << rest.out;
   // Bit-identical final weights: master weights, AdamW moments, step count and data order resumed.
-  const std::string a = ReadFile(Newest(dir + "/full") + "/model.safetensors");
-  const std::string b = ReadFile(Newest(dir + "/part") + "/model.safetensors");
+  const std::string a = ReadFile(NewestCheckpoint(dir + "/full") + "/model.safetensors");
+  const std::string b = ReadFile(NewestCheckpoint(dir + "/part") + "/model.safetensors");
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the resumed run's final weights differ from the uninterrupted run's";
 
   // Every committed file is listed in checksums.sha256, in sha256sum's own format.
-  const std::string newest = Newest(dir + "/part");
+  const std::string newest = NewestCheckpoint(dir + "/part");
   const Ran sums = RunCommand("cd " + newest + " && sha256sum --strict -c checksums.sha256");
   EXPECT_EQ(sums.code, 0) << sums.out;
   for (const char* f : {"model.safetensors", "config.json", "trainer_state.json",
@@ -209,6 +185,61 @@ TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
   fs::remove_all(dir);
 }
 
+// --instruction-field, --context-field, --response-field: the bundled records with renamed fields
+// train and evaluate exactly as the originals (the flags reach the workers), and without the flags
+// the error names them.
+TEST(Finetune, DatasetFieldFlagsNameTheFields) {
+  char tmpl[] = "/tmp/st_fields_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    std::ifstream in(ST_SOURCE_DIR "/data/tiny_instruct/train.jsonl");
+    std::ofstream out(dir + "/renamed.jsonl");
+    std::string line;
+    for (int i = 0; i < 16 && std::getline(in, line); ++i) {
+      for (auto [from, to] : {std::pair{"\"instruction\":", "\"prompt\":"},
+                              std::pair{"\"context\":", "\"background\":"},
+                              std::pair{"\"response\":", "\"completion\":"}}) {
+        const size_t at = line.find(from);
+        ASSERT_NE(at, std::string::npos) << line;
+        line.replace(at, std::string(from).size(), to);
+      }
+      out << line << "\n";
+    }
+  }
+  const std::string bin = ST_BINARY;
+  const std::string fields =
+      " --instruction-field prompt --context-field background --response-field completion";
+  const std::string common = " --data-dir " ST_SOURCE_DIR
+                             "/data --max-seq-len 32 --topology 1 --num-epochs 1 --progress off "
+                             "--batch-size-per-device 2 --no-dashboard --storage-path " +
+                             dir;
+  const Ran original =
+      RunCommand(bin + " finetune --dataset-split 'train[:16]' --run-name a" + common);
+  const Ran renamed = RunCommand(bin + " finetune --dataset " + dir + "/renamed.jsonl" + fields +
+                                 " --dataset-split train --run-name b" + common);
+  ASSERT_EQ(original.code, 0) << original.out;
+  ASSERT_EQ(renamed.code, 0) << renamed.out;
+  auto final_line = [](const std::string& out) {
+    const size_t at = out.find("Training completed! Final metrics: {'epoch': 1, 'loss': ");
+    return at == std::string::npos ? std::string("(none)")
+                                   : out.substr(at, out.find(',', at + 50) - at);
+  };
+  EXPECT_EQ(final_line(renamed.out), final_line(original.out)) << renamed.out << original.out;
+  EXPECT_NE(final_line(original.out), "(none)") << original.out;
+
+  const std::string eval =
+      " evaluate --json --model-id gemma4-tiny --max-seq-len 32 --data-dir " ST_SOURCE_DIR "/data";
+  const Ran e_original = RunCommand(bin + eval + " --dataset-split 'train[:16]'");
+  const Ran e_renamed = RunCommand(bin + eval + " --dataset " + dir + "/renamed.jsonl" + fields);
+  ASSERT_EQ(e_original.code, 0) << e_original.out;
+  EXPECT_EQ(e_renamed.out, e_original.out);
+  const Ran e_unnamed = RunCommand(bin + eval + " --dataset " + dir + "/renamed.jsonl");
+  EXPECT_EQ(e_unnamed.code, 2) << e_unnamed.out;
+  EXPECT_NE(e_unnamed.out.find("--instruction-field"), std::string::npos) << e_unnamed.out;
+  fs::remove_all(dir);
+}
+
 // --model-id org/name: a model in the huggingface_hub cache is found (offline, no server needed;
 // tests/test_hub.cpp covers downloading against a local imitation of the hub).
 TEST(Finetune, HubIdResolvesThroughTheCache) {
@@ -223,7 +254,7 @@ TEST(Finetune, HubIdResolvesThroughTheCache) {
                            " --run-name h --storage-path " +
                            dir);
   ASSERT_EQ(r.code, 0) << r.out;
-  const std::string ckpt = Newest(dir + "/h");
+  const std::string ckpt = NewestCheckpoint(dir + "/h");
   const std::string commit(40, 'a');
   const fs::path repo = fs::path(dir) / "cache" / "models--acme--tiny-sft";
   fs::create_directories(repo / "refs");

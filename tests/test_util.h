@@ -1,9 +1,19 @@
-// Helpers shared by the tests: random buffers and error metrics.
+// Helpers shared by the tests: random buffers and error metrics; running the slicetrain binary,
+// reading a file, finding a run's newest checkpoint.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "core/rng.h"
@@ -34,6 +44,37 @@ inline double Dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
   return s;
+}
+
+struct Ran {
+  int code;         // the exit code; -1 when killed by a signal
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `cmd` through the shell with stderr joined to stdout.
+inline Ran RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf;
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The newest checkpoint of a run directory (checkpoint_<time> names sort by time); "" if none.
+inline std::string NewestCheckpoint(const std::string& run) {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(run, ec))
+    if (e.path().filename().string().rfind("checkpoint_", 0) == 0)
+      dirs.push_back(e.path().string());
+  std::sort(dirs.begin(), dirs.end());
+  return dirs.empty() ? "" : dirs.back();
 }
 
 }  // namespace st::test

@@ -23,6 +23,11 @@ std::string BundledDataDir(const std::string& flag);
 // HF_HUB_OFFLINE), logging download progress to stderr.
 HubOptions HubFromEnvironment();
 
+// --instruction-field, --context-field, --response-field: the data set's field names (finetune
+// and evaluate).
+void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string* context,
+                            std::string* response);
+
 // Prints a failed Status as the one-line error of `command` and returns the exit code to use.
 int ReportError(const std::string& command, const Status& status);
 

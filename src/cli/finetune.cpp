@@ -53,6 +53,12 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.dataset,
                                   "--dataset-split",
                                   o.dataset_split,
+                                  "--instruction-field",
+                                  o.instruction_field,
+                                  "--context-field",
+                                  o.context_field,
+                                  "--response-field",
+                                  o.response_field,
                                   "--num-epochs",
                                   s(o.num_epochs),
                                   "--batch-size-per-device",
@@ -249,6 +255,7 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--dataset-split", o.dataset_split,
                   "HF split syntax: train, train[:1024], train[:10%]...")
       ->capture_default_str();
+  AddDatasetFieldOptions(cmd, &o.instruction_field, &o.context_field, &o.response_field);
   cmd->add_option("--num-epochs", o.num_epochs, "Epochs")->capture_default_str();
   cmd->add_option("--batch-size-per-device", o.batch_size_per_device,
                   "Sequences per worker per step")

@@ -29,6 +29,16 @@ HubOptions HubFromEnvironment() {
   return o;
 }
 
+void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string* context,
+                            std::string* response) {
+  cmd->add_option("--instruction-field", *instruction,
+                  "Field of the instruction (default: detected, Dolly's or Alpaca's layout)");
+  cmd->add_option("--context-field", *context,
+                  "Field of the optional context (default: context, Alpaca's input)");
+  cmd->add_option("--response-field", *response,
+                  "Field of the response (default: response, Alpaca's output)");
+}
+
 int ReportError(const std::string& command, const Status& status) {
   std::fprintf(stderr, "slicetrain %s: error: %s\n", command.c_str(), status.message().c_str());
   if (status.code() == StatusCode::kInvalidArgument) return 2;
@@ -59,7 +69,26 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and exit 0; a bad flag is one error line and exit 2 (argparse's
+    // and torchrun's code for a usage error), naming the command and where its flags are listed.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::string command;
+    if (argc > 1) {
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        if (sub->get_name() == argv[1]) command = sub->get_name();
+    }
+    const std::string where = command.empty() ? "slicetrain" : "slicetrain " + command;
+    std::string what = e.what();
+    if (command.empty() && argc > 1 && argv[1][0] != '-') {
+      what = st::StrCat("unknown command '", argv[1], "'; the commands are");
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        what += " " + sub->get_name();
+    }
+    for (char& ch : what)
+      if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "%s: error: %s (see '%s --help')\n", where.c_str(), what.c_str(),
+                 where.c_str());
+    return 2;
   }
   return ctx.exit_code;
 }

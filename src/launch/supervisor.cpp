@@ -64,6 +64,10 @@ struct Stream {
   bool is_stderr = false;
   std::string last_line;          // the last complete non-empty line (stderr: the worker's error)
   std::string failed_collective;  // the first "... #N ... failed after ..." line, if any
+  // A worker's own error lines ("slicetrain <cmd>: error: ..."), prefixed, held back until the
+  // group is done: the supervisor's summary quotes the ones that explain the failure, and only
+  // the others are printed (so one failure is one error line, not the same text twice).
+  std::vector<std::string> held_errors;
 };
 
 struct Child {
@@ -149,6 +153,18 @@ void WriteAll(int fd, const std::string& s) {
   }
 }
 
+constexpr const char kErrorMark[] = ": error: ";
+
+bool IsErrorLine(const std::string& line) {
+  return line.find(kErrorMark) != std::string::npos;
+}
+
+// The text of a worker's error line after "slicetrain <cmd>: error: " (empty if it has none).
+std::string ErrorText(const std::string& line) {
+  const size_t at = line.find(kErrorMark);
+  return at == std::string::npos ? std::string() : line.substr(at + sizeof(kErrorMark) - 1);
+}
+
 // Emits complete lines (or everything on EOF), each prefixed when asked, in one write.
 void Drain(Stream& s, const std::string& prefix, bool prefix_it, bool eof) {
   std::string out;
@@ -159,15 +175,21 @@ void Drain(Stream& s, const std::string& prefix, bool prefix_it, bool eof) {
     if (nl > start) s.last_line = s.partial.substr(start, nl - start);
     if (s.failed_collective.empty() && s.last_line.find(" failed after ") != std::string::npos)
       s.failed_collective = s.last_line;
-    if (prefix_it) out += prefix;
-    out.append(s.partial, start, nl - start + 1);
+    std::string line = (prefix_it ? prefix : std::string()) + s.partial.substr(start, nl - start);
+    if (s.is_stderr && IsErrorLine(line))
+      s.held_errors.push_back(std::move(line));
+    else
+      out += line + "\n";
     start = nl + 1;
   }
   s.partial.erase(0, start);
   if (eof && !s.partial.empty()) {
     s.last_line = s.partial;
-    if (prefix_it) out += prefix;
-    out += s.partial + "\n";
+    std::string line = (prefix_it ? prefix : std::string()) + s.partial;
+    if (s.is_stderr && IsErrorLine(line))
+      s.held_errors.push_back(std::move(line));
+    else
+      out += line + "\n";
     s.partial.clear();
   }
   if (!out.empty()) WriteAll(s.is_stderr ? 2 : 1, out);
@@ -255,9 +277,12 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
           const bool restartable = !WIFEXITED(status) || WEXITSTATUS(status) == kExitUnavailable;
           // Quote the worker's own one-line error ("slicetrain <cmd>: error: <what>").
           std::string last = c.err.last_line;
-          if (size_t at = last.find(": error: "); at != std::string::npos) last.erase(0, at + 9);
+          if (IsErrorLine(last)) last = ErrorText(last);
           if (!last.empty()) why += ": " + last;
-          begin_teardown(c.rank, why, 1, /*drain=*/true, restartable);
+          // The worker's exit code is the group's (2: bad input, 75: a lost peer...); a worker
+          // killed by a signal makes it 1, as torchrun does.
+          const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+          begin_teardown(c.rank, why, code, /*drain=*/true, restartable);
         }
       } else {
         ++running;
@@ -326,8 +351,8 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
   for (const auto& c : children) {
     if (c.rank == result.failed_rank) continue;
     const std::string& last = c.err.last_line;
-    if (size_t at = last.find(": error: "); at != std::string::npos) {
-      result.peer_report = last.substr(at + 9);
+    if (IsErrorLine(last)) {
+      result.peer_report = ErrorText(last);
       break;
     }
     if (!c.err.failed_collective.empty()) {
@@ -335,6 +360,17 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
       break;
     }
   }
+  // The held error lines that the result does not already quote.
+  std::string rest;
+  for (const auto& c : children)
+    for (const std::string& line : c.err.held_errors) {
+      const std::string text = ErrorText(line);
+      const bool quoted = result.exit_code != 0 && !text.empty() &&
+                          (result.message.find(text) != std::string::npos ||
+                           result.peer_report.find(text) != std::string::npos);
+      if (!quoted) rest += line + "\n";
+    }
+  if (!rest.empty()) WriteAll(2, rest);
   return result;
 }
 

@@ -97,10 +97,8 @@ void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_
 
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
-                                              const std::string& tokenizer_flag,
-                                              const std::string& dataset_flag,
-                                              const std::string& split, int64_t max_seq_len,
-                                              const std::string& data_dir) {
+                                              const std::string& tokenizer_flag, DatasetOptions dso,
+                                              int64_t max_seq_len, const std::string& data_dir) {
   std::error_code ec;
   const std::string tok_dir = !tokenizer_flag.empty()          ? tokenizer_flag
                               : fs::is_directory(model_id, ec) ? model_id
@@ -109,15 +107,23 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
   if (tok.vocab_size() > config.vocab_size)
     return InvalidArgument(StrCat("the tokenizer at ", tok_dir, " has ", tok.vocab_size(),
                                   " tokens but the model's vocabulary is ", config.vocab_size));
-  DatasetOptions dso;
-  dso.path = dataset_flag.empty() ? data_dir + "/tiny_instruct/train.jsonl" : dataset_flag;
-  dso.split = split;
+  if (dso.path.empty()) dso.path = data_dir + "/tiny_instruct/train.jsonl";
   ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
   CollateOptions co;
   co.max_seq_len = max_seq_len;
   DatasetReport report;
   ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
   return InstructionData{tok_dir, std::move(tok), std::move(set), std::move(report)};
+}
+
+DatasetOptions DatasetOf(const FinetuneOptions& o) {
+  DatasetOptions d;
+  d.path = o.dataset;
+  d.split = o.dataset_split;
+  d.instruction_field = o.instruction_field;
+  d.context_field = o.context_field;
+  d.response_field = o.response_field;
+  return d;
 }
 
 Status ValidateFinetuneOptions(const FinetuneOptions& o) {
@@ -148,8 +154,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const bool from_dir = fs::is_directory(o.model_id);
   ST_ASSIGN_OR_RETURN(InstructionData data,
-                      LoadInstructionData(m.config, o.model_id, o.tokenizer, o.dataset,
-                                          o.dataset_split, o.max_seq_len, o.data_dir));
+                      LoadInstructionData(m.config, o.model_id, o.tokenizer, DatasetOf(o),
+                                          o.max_seq_len, o.data_dir));
   const TokenizedSet& set = data.examples;
   const DatasetReport& report = data.report;
   const std::string& tokenizer_dir = data.tokenizer_dir;

@@ -27,6 +27,8 @@ struct FinetuneOptions {
   std::string tokenizer;  // "" = the model directory's, else the bundled one
   std::string dataset;    // "" = the bundled instruction set
   std::string dataset_split = "train[:1024]";
+  // The data set's field names ("" = detected: Dolly's or Alpaca's; see DatasetOptions).
+  std::string instruction_field, context_field, response_field;
   int64_t num_epochs = 3;
   int64_t batch_size_per_device = 4;
   int64_t max_seq_len = 64;
@@ -51,7 +53,7 @@ struct FinetuneOptions {
 
 // The tokenized examples of a run, shared by finetune and evaluate: the tokenizer (tokenizer_flag,
 // else the model directory's, else the bundled one), checked against the model's vocabulary, and
-// the data set's split (dataset_flag, else the bundled set) formatted with the prompt template,
+// the data set's split (`dataset.path`, else the bundled set) formatted with the prompt template,
 // truncated and padded to max_seq_len.
 struct InstructionData {
   std::string tokenizer_dir;
@@ -62,9 +64,11 @@ struct InstructionData {
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
                                               const std::string& tokenizer_flag,
-                                              const std::string& dataset_flag,
-                                              const std::string& split, int64_t max_seq_len,
+                                              DatasetOptions dataset, int64_t max_seq_len,
                                               const std::string& data_dir);
+
+// The data set of a run's flags: --dataset, --dataset-split and the field names.
+DatasetOptions DatasetOf(const FinetuneOptions& options);
 
 // Flag checks that need no files: the CLI runs them before starting workers, RunFinetune again.
 Status ValidateFinetuneOptions(const FinetuneOptions& options);
