@@ -411,23 +411,12 @@ TEST(Runs, ListsRunsWithCheckpointsAndBestScores) {
 // ---------------------------------------------------------------------------------------------
 // Dashboard
 
-// The local address of the TCP socket listening on `port` ("" if none), from /proc/net/tcp*.
+// The local addresses of the TCP sockets listening on `port`, or (port 0) of those among
+// `inodes`.
 std::vector<std::string> ListeningAddresses(int port, const std::set<std::string>& inodes = {}) {
   std::vector<std::string> out;
-  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(file);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      std::istringstream ss(line);
-      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
-      ss >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
-      if (state != "0A") continue;  // LISTEN
-      const size_t colon = local.find(':');
-      const int p = std::stoi(local.substr(colon + 1), nullptr, 16);
-      if (port > 0 ? p == port : inodes.count(inode) > 0) out.push_back(local.substr(0, colon));
-    }
-  }
+  for (const test::ListeningSocket& s : test::ListeningSockets())
+    if (port > 0 ? s.port == port : inodes.count(s.inode) > 0) out.push_back(s.address);
   return out;
 }
 
@@ -653,16 +642,6 @@ nlohmann::json GetJson(httplib::Client& c, const std::string& path) {
   return nlohmann::json::parse(r->body, nullptr, false);
 }
 
-std::set<std::string> SocketInodes(pid_t pid) {
-  std::set<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
-    const std::string target = fs::read_symlink(e.path(), ec).string();
-    if (target.rfind("socket:[", 0) == 0) out.insert(target.substr(8, target.size() - 9));
-  }
-  return out;
-}
-
 TEST(ObserveE2E, LiveFinetuneDashboardEndpointsAndBrowser) {
   const std::string dir = TempDir("e2e");
   Child run({ST_BINARY,
@@ -728,7 +707,7 @@ TEST(ObserveE2E, LiveFinetuneDashboardEndpointsAndBrowser) {
   }
   // Nothing the job started listens on a non-loopback address (dashboard, store, Gloo).
   for (pid_t pid : pids) {
-    const auto inodes = SocketInodes(pid);
+    const auto inodes = test::SocketInodes(pid);
     for (const std::string& a : ListeningAddresses(0, inodes))
       EXPECT_TRUE(IsLoopbackHex(a)) << "pid " << pid << " listens on " << a;
   }

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -75,6 +77,44 @@ inline std::string NewestCheckpoint(const std::string& run) {
       dirs.push_back(e.path().string());
   std::sort(dirs.begin(), dirs.end());
   return dirs.empty() ? "" : dirs.back();
+}
+
+// A TCP socket in the LISTEN state (from /proc/net/tcp and tcp6).
+struct ListeningSocket {
+  std::string address;  // the local address as /proc writes it (hex, little-endian for IPv4)
+  int port = 0;
+  std::string inode;
+};
+
+inline std::vector<ListeningSocket> ListeningSockets() {
+  std::vector<ListeningSocket> out;
+  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream ss(line);
+      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      ss >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state != "0A") continue;  // LISTEN
+      const size_t colon = local.find(':');
+      out.push_back(
+          {local.substr(0, colon), std::stoi(local.substr(colon + 1), nullptr, 16), inode});
+    }
+  }
+  return out;
+}
+
+// The inodes of the sockets process `pid` holds open.
+inline std::set<std::string> SocketInodes(pid_t pid) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) out.insert(target.substr(8, target.size() - 9));
+  }
+  return out;
 }
 
 }  // namespace st::test

@@ -73,9 +73,7 @@ Status RunWorker(const CollectivesArgs& a, const launch::ClusterEnv& env,
   const dist::CollectiveOptions copts = worker->collective();
 
   // 1-2. Tensor-parallel FeedForward over a 1-D mesh vs the single-device reference.
-  dist::GlooOptions mesh_opts;
-  mesh_opts.hostname = worker->host_ip();
-  mesh_opts.connect_timeout = copts.timeout;
+  const dist::GlooOptions mesh_opts = worker->GroupOptions();
   ST_ASSIGN_OR_RETURN(dist::DeviceMesh mesh, dist::DeviceMesh::Create(worker->store(), rank, world,
                                                                       {world}, {"tp"}, mesh_opts));
   parallel::FfnParityOptions po;

@@ -8,8 +8,13 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <vector>
@@ -20,6 +25,113 @@ namespace {
 
 // Our reduce-scatter ring's slot prefix; Gloo's own collectives use 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+// The pair handshake's slots (tag 0: nonces, tag 1: proofs).
+constexpr uint8_t kPairAuthSlotPrefix = 0x22;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kProofBytes = 32;  // HMAC-SHA256
+using Proof = std::array<unsigned char, kProofBytes>;
+
+// What rank `from` sends rank `to` to prove the key: HMAC-SHA256(key, domain | group | from | to |
+// to's nonce | from's nonce). Both nonces are fresh per rendezvous (no replay), the ranks give the
+// direction (a proof cannot be reflected back), and the group name keeps groups apart.
+Proof PairProof(const std::string& key, const std::string& group, int from, int to,
+                const unsigned char* nonce_of_to, const unsigned char* nonce_of_from) {
+  std::string msg = "slicetrain-gloo-pair-v1";
+  msg.push_back('\0');
+  msg += group;
+  msg.push_back('\0');
+  msg += std::to_string(from) + ">" + std::to_string(to);
+  msg.push_back('\0');
+  msg.append(reinterpret_cast<const char*>(nonce_of_to), kNonceBytes);
+  msg.append(reinterpret_cast<const char*>(nonce_of_from), kNonceBytes);
+  Proof out{};
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(),
+           &len) == nullptr ||
+      len != kProofBytes)
+    throw gloo::IoException("HMAC-SHA256 failed in the pair handshake");
+  return out;
+}
+
+// Sends `size` bytes at offset size * p of `out` to every peer p and receives as much from each
+// into `in` at offset size * p, on slot (kPairAuthSlotPrefix, tag).
+void ExchangeWithEveryPeer(gloo::Context& ctx, unsigned char* out, unsigned char* in, size_t size,
+                           bool same_for_all, uint32_t tag,
+                           std::chrono::steady_clock::time_point deadline) {
+  const int P = ctx.size, r = ctx.rank;
+  auto out_buf = ctx.createUnboundBuffer(out, same_for_all ? size : size * P);
+  auto in_buf = ctx.createUnboundBuffer(in, size * P);
+  const uint64_t slot = gloo::Slot::build(kPairAuthSlotPrefix, tag);
+  for (int p = 0; p < P; ++p) {
+    if (p == r) continue;
+    in_buf->recv(p, slot, size * p, size);
+    out_buf->send(p, slot, same_for_all ? 0 : size * p, size);
+  }
+  // Which peers answered: a timeout names the others.
+  std::vector<bool> heard(P, false);
+  heard[r] = true;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  try {
+    for (int p = 0; p < P; ++p) {
+      if (p == r) continue;
+      int from = -1;
+      if (!in_buf->waitRecv(&from, left())) throw gloo::IoException("aborted");
+      if (from >= 0 && from < P) heard[from] = true;
+    }
+    for (int p = 0; p < P; ++p)
+      if (p != r && !out_buf->waitSend(left())) throw gloo::IoException("aborted");
+  } catch (const std::exception& e) {
+    std::string silent;
+    for (int p = 0; p < P; ++p)
+      if (!heard[p]) silent += (silent.empty() ? "" : ", ") + std::to_string(p);
+    throw gloo::IoException(
+        "the pair handshake got no answer from the connection of rank(s) " +
+        (silent.empty() ? std::string("?") : silent) +
+        ": that rank did not answer in time, or a process outside this job holds its "
+        "connection (" +
+        e.what() + ")");
+  }
+}
+
+// Every pair of the freshly connected mesh proves `key` to each other. Throws naming the ranks
+// whose connection did not.
+void AuthenticatePairs(gloo::Context& ctx, const std::string& key, const std::string& group,
+                       std::chrono::milliseconds timeout) {
+  const int P = ctx.size, r = ctx.rank;
+  if (P == 1) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::array<unsigned char, kNonceBytes> mine{};
+  if (RAND_bytes(mine.data(), static_cast<int>(mine.size())) != 1)
+    throw gloo::IoException("no random bytes for the pair handshake (OpenSSL RAND_bytes)");
+  std::vector<unsigned char> nonces(kNonceBytes * P);
+  ExchangeWithEveryPeer(ctx, mine.data(), nonces.data(), kNonceBytes, /*same_for_all=*/true, 0,
+                        deadline);
+  std::vector<unsigned char> sent(kProofBytes * P), got(kProofBytes * P);
+  for (int p = 0; p < P; ++p) {
+    if (p == r) continue;
+    const Proof proof = PairProof(key, group, r, p, &nonces[kNonceBytes * p], mine.data());
+    std::memcpy(&sent[kProofBytes * p], proof.data(), kProofBytes);
+  }
+  ExchangeWithEveryPeer(ctx, sent.data(), got.data(), kProofBytes, /*same_for_all=*/false, 1,
+                        deadline);
+  std::string refused;
+  for (int p = 0; p < P; ++p) {
+    if (p == r) continue;
+    const Proof expect = PairProof(key, group, p, r, mine.data(), &nonces[kNonceBytes * p]);
+    if (CRYPTO_memcmp(expect.data(), &got[kProofBytes * p], kProofBytes) != 0)
+      refused += (refused.empty() ? "" : ", ") + std::to_string(p);
+  }
+  if (!refused.empty())
+    throw gloo::IoException(
+        "the connection of rank(s) " + refused +
+        " did not prove the job secret: a process outside this job connected to a collective "
+        "port, or the ranks were started with different SLICETRAIN_SECRET values");
+}
 
 // Gloo's Store interface on top of ours (Gloo reports failures by exceptions).
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
@@ -297,6 +409,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(std::shared_ptr<S
     ctx->setTimeout(opts.connect_timeout);
     GlooStoreAdapter adapter(scoped, opts.connect_timeout);
     ctx->connectFullMesh(adapter, dev);
+    AuthenticatePairs(*ctx, opts.auth_key, opts.name, opts.connect_timeout);
     return std::unique_ptr<ProcessGroup>(
         new GlooProcessGroup(rank, size, opts, scoped, std::move(ctx)));
   } catch (const std::exception& e) {

@@ -1,6 +1,13 @@
 // The Gloo backend of ProcessGroup: CPU buffers over TCP (Debian's libgloo, new-style algorithms
 // only, never mixed with the legacy ones on one context). Reduce-scatter is our own ring on Gloo's
 // unbound buffers (libgloo 0.5 has no new-style reduce_scatter).
+//
+// Debian's libgloo has no TLS transport, and Gloo's TCP pair takes the first connection that
+// reaches its listening port. So once the mesh is connected, every pair proves the job secret to
+// each other (a mutual HMAC-SHA256 challenge-response over fresh nonces) before the group is
+// used: a process that connected in a peer's place, or a peer started with another secret, makes
+// the rendezvous fail with an error naming the pair. What it does not give: encryption or
+// integrity of later messages (see docs/reliability.md, "Security").
 #pragma once
 
 #include <memory>
@@ -15,6 +22,9 @@ struct GlooOptions {
   std::string name = "world";          // groups on one store need distinct names
   std::string hostname = "127.0.0.1";  // address peers use to reach this rank
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // The key every pair proves it holds (the job's SLICETRAIN_SECRET). Groups of one process (the
+  // tests' in-memory stores) may leave it empty: the handshake still runs, but proves nothing.
+  std::string auth_key;
 };
 
 // Rendezvous of `size` ranks through `store` (keys under "pg/<name>/"); every rank calls it.

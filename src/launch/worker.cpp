@@ -65,8 +65,7 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   };
   if (!client.ok()) return unavailable(client.status());
   w->store_ = std::shared_ptr<dist::Store>(std::move(*client));
-  dist::GlooOptions o;
-  o.hostname = w->host_ip_;
+  dist::GlooOptions o = w->GroupOptions();
   o.connect_timeout = timeout;
   auto world = dist::CreateGlooProcessGroup(w->store_, env.rank, env.world_size, o);
   if (!world.ok()) return unavailable(world.status());
@@ -153,6 +152,14 @@ Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& comma
   *exit_code = r.exit_code;
   if (r.exit_code != 0) return Internal(FailureSummary(r, opts.max_failures));
   return Status::Ok();
+}
+
+dist::GlooOptions Worker::GroupOptions() const {
+  dist::GlooOptions o;
+  o.hostname = host_ip_;
+  o.connect_timeout = std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000));
+  o.auth_key = env_.secret;
+  return o;
 }
 
 std::string FailureSummary(const SupervisorResult& r, int max_failures) {

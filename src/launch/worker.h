@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/gloo_process_group.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "dist/tcp_store.h"
@@ -33,6 +34,9 @@ class Worker {
     return {std::chrono::milliseconds(env_.collective_timeout_ms)};
   }
   std::shared_ptr<dist::Store> store() { return store_; }
+  // Options for a Gloo group of this job: this host's address, the collective timeout as the
+  // connect timeout, and the job secret that every pair proves.
+  dist::GlooOptions GroupOptions() const;
   dist::ProcessGroup& world() { return *world_; }
   const ClusterEnv& env() const { return env_; }
   // Final rendezvous: rank 0 keeps serving the store until every rank has left.
