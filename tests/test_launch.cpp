@@ -3,10 +3,12 @@
 // the group down within seconds with no process left behind.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <regex>
 #include <set>
 
 #include "proc_util.h"
+#include "test_util.h"
 
 namespace st {
 namespace {
@@ -106,6 +108,7 @@ TEST(Launch, FailingWorkerIsNamedAndGroupStops) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(20));
   EXPECT_NE(p.output().find("worker rank 1"), std::string::npos) << p.output();
   EXPECT_NE(p.output().find("exited with code 3"), std::string::npos) << p.output();
+  EXPECT_EQ(rc, 3) << "launch exits with the failed worker's code";
 }
 
 // Reads the worker pids from the "(rank R pid=P ...)" prefixes of the "ready" lines.
@@ -156,6 +159,47 @@ TEST(Launch, MultiHostWithoutSecretIsRejected) {
   Proc p({kBin, "launch", "--nnodes", "2", "--node-rank", "0", "--", "collectives"});
   EXPECT_EQ(p.Wait(seconds(10)), 2);
   EXPECT_NE(p.output().find("SLICETRAIN_SECRET"), std::string::npos) << p.output();
+}
+
+// The job secret (SLICETRAIN_SECRET) admits processes to the store and the collectives; it must
+// not leak into what a run prints or writes (logs, metrics, run.json, cluster.json, checkpoints).
+TEST(Launch, JobSecretAppearsInNoOutputOrFile) {
+  char tmpl[] = "/tmp/st_secret_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, secret = "Zq9-job-secret-4f1c";
+  Proc p({kBin,
+          "launch",
+          "--nproc-per-node",
+          "2",
+          "--",
+          "finetune",
+          "--data-dir",
+          ST_SOURCE_DIR "/data",
+          "--dataset-split",
+          "train[:32]",
+          "--num-epochs",
+          "1",
+          "--max-seq-len",
+          "32",
+          "--topology",
+          "2",
+          "--no-dashboard",
+          "--progress",
+          "off",
+          "--storage-path",
+          dir},
+         {"SLICETRAIN_SECRET=" + secret});
+  ASSERT_EQ(p.Wait(seconds(120)), 0) << p.output();
+  EXPECT_EQ(p.output().find(secret), std::string::npos) << p.output();
+  int files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    EXPECT_EQ(e.path().string().find(secret), std::string::npos) << e.path();
+    if (!e.is_regular_file()) continue;
+    ++files;
+    EXPECT_EQ(test::ReadFile(e.path()).find(secret), std::string::npos) << e.path();
+  }
+  EXPECT_GT(files, 8) << "the run wrote its files";
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
