@@ -14,11 +14,6 @@
 
 namespace st::dist {
 
-void Fd::Reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 namespace {
 
 struct AddrInfoDeleter {

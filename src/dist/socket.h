@@ -6,40 +6,14 @@
 #include <cstdint>
 #include <string>
 
+#include "core/fd.h"
 #include "core/status.h"
 
 namespace st::dist {
 
 using Clock = std::chrono::steady_clock;
 
-// Owns one file descriptor; closes it on destruction. Copying is deleted.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& o) noexcept : fd_(o.Release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = o.Release();
-    }
-    return *this;
-  }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  void Reset();
-
- private:
-  int fd_ = -1;
-};
+using ::st::Fd;  // core/fd.h
 
 // Listens on host:port (port 0 picks a free one). host "" or "0.0.0.0" means every interface.
 StatusOr<Fd> Listen(const std::string& host, int port, int* bound_port);

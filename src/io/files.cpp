@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/fd.h"
+
 namespace st {
 
 namespace fs = std::filesystem;
@@ -20,21 +22,6 @@ namespace {
 std::string Errno() {
   return std::strerror(errno);
 }
-
-// Move-only owner of a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 Status Fsync(const std::string& path, int flags, const char* what) {
   Fd fd(::open(path.c_str(), flags | O_CLOEXEC));

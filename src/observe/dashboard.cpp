@@ -77,19 +77,6 @@ nlohmann::json StoredCluster(const RunSummary& run) {
           {"workers", workers}};
 }
 
-std::string PromLabel(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"')
-      out += std::string("\\") + c;
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
-
 }  // namespace
 
 const char* DashboardPage() {
@@ -275,8 +262,9 @@ void Dashboard::Routes() {
         "storage path.\n# TYPE slicetrain_stored_run_best_score gauge\n";
     for (const RunSummary& r : ScanRuns(options_.storage_path))
       if (r.has_best)
-        text += "slicetrain_stored_run_best_score{run=\"" + PromLabel(r.name) + "\",attribute=\"" +
-                PromLabel(r.score_attribute) + "\"} " + std::to_string(r.best_score) + "\n";
+        text += "slicetrain_stored_run_best_score{run=\"" + PrometheusLabel(r.name) +
+                "\",attribute=\"" + PrometheusLabel(r.score_attribute) + "\"} " +
+                std::to_string(r.best_score) + "\n";
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
 }

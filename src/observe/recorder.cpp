@@ -27,20 +27,6 @@ std::string HostName() {
   return host;
 }
 
-// A Prometheus label value: backslash, double quote and newline escaped.
-std::string Label(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"')
-      out += std::string("\\") + c;
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
-
 // Shortest round-trip text of a sample value; Prometheus spells infinities and NaN its own way.
 std::string Value(double v) {
   if (std::isnan(v)) return "NaN";
@@ -64,6 +50,19 @@ void WriteFileAtomically(const fs::path& path, const std::string& text) {
 }
 
 }  // namespace
+
+std::string PrometheusLabel(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"')
+      out += std::string("\\") + c;
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
 
 void RunRecorder::OnStart(const RunInfo& run) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -267,7 +266,7 @@ nlohmann::json RunRecorder::ClusterJson() const {
 std::string RunRecorder::Prometheus() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream o;
-  const std::string run = "run=\"" + Label(run_.run_name) + "\"";
+  const std::string run = "run=\"" + PrometheusLabel(run_.run_name) + "\"";
   auto metric = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
   };

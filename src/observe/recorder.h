@@ -18,6 +18,9 @@
 
 namespace st::observe {
 
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string PrometheusLabel(const std::string& value);
+
 class RunRecorder : public TrainingObserver {
  public:
   RunRecorder() = default;
