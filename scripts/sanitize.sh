@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the whole project and its test suite with AddressSanitizer + UndefinedBehaviorSanitizer
-# (gcc, -O1, any finding fatal) in build-asan/ and runs the tests there. Not yet part of .ci/run:
-# see docs/reliability.md ("Sanitizers").
+# (gcc, -O1, any finding fatal) in build-asan/ and runs the tests there; .ci/run runs it after the
+# normal suite (see docs/reliability.md, "Sanitizers").
 #   scripts/sanitize.sh [extra ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
