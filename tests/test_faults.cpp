@@ -226,7 +226,7 @@ TEST_F(Faults, KilledWorkersMidEpochAndMidCheckpointResumeExactly) {
   EXPECT_NE(out.find("Training completed!"), std::string::npos) << out;
   // No damaged checkpoint was committed, none was left half-written.
   for (const auto& e : fs::directory_iterator(dir_ + "/faulty"))
-    EXPECT_NE(e.path().filename().string().rfind(".pending_epoch_", 0), 0u) << e.path();
+    EXPECT_NE(e.path().filename().string().rfind(".pending_", 0), 0u) << e.path();
   const std::string got = ReadFile(NewestCheckpoint(dir_ + "/faulty") + "/model.safetensors");
   EXPECT_TRUE(got == expected)
       << "the final weights of the run that lost workers differ from the uninterrupted run's";

@@ -14,6 +14,7 @@
 
 #include "io/hf_model.h"
 #include "model/config.h"
+#include "proc_util.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -182,6 +183,80 @@ TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
   EXPECT_TRUE(fs::exists(created[2])) << "the newest";
   EXPECT_NE(r.out.find("Saved checkpoint: " + created[0]), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("  epoch 1/3 step"), std::string::npos) << "--progress off";
+  fs::remove_all(dir);
+}
+
+// --save-steps: checkpoints inside an epoch. A run killed (SIGKILL of the driver, which takes its
+// workers with it) right after the first step checkpoint of epoch 2 and resumed from it ends with
+// byte-identical weights and the same epoch-2 loss as an uninterrupted run; step checkpoints are
+// replaced by the next checkpoint, so none is left at the end.
+TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
+  char tmpl[] = "/tmp/st_save_steps_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::vector<std::string> base = {ST_BINARY,
+                                         "finetune",
+                                         "--data-dir",
+                                         ST_SOURCE_DIR "/data",
+                                         "--dataset-split",
+                                         "train[:64]",
+                                         "--num-epochs",
+                                         "2",
+                                         "--max-seq-len",
+                                         "32",
+                                         "--batch-size-per-device",
+                                         "2",
+                                         "--topology",
+                                         "2",
+                                         "--no-dashboard",
+                                         "--progress",
+                                         "off",
+                                         "--save-steps",
+                                         "5",
+                                         "--storage-path",
+                                         dir};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  testing::Proc full(with({"--run-name", "full"}));
+  ASSERT_EQ(full.Wait(std::chrono::seconds(300)), 0) << full.output();
+  // 64 examples / (2 workers x 2) = 16 steps per epoch: step checkpoints at 5, 10, 15.
+  EXPECT_EQ(testing::LinesWith(full.output(), "Step checkpoint created at: ").size(), 6u)
+      << full.output();
+  EXPECT_NE(full.output().find("(epoch 2, step 10 of 16)"), std::string::npos) << full.output();
+
+  testing::Proc part(with({"--run-name", "part"}));
+  ASSERT_TRUE(part.ReadUntil(
+      [](const std::string& o) { return o.find("(epoch 2, step 5 of 16)") != std::string::npos; },
+      std::chrono::seconds(300)))
+      << part.output();
+  ASSERT_EQ(kill(part.pid(), SIGKILL), 0);
+  part.Wait(std::chrono::seconds(30));
+  testing::Proc rest(with({"--run-name", "part", "--resume"}));
+  ASSERT_EQ(rest.Wait(std::chrono::seconds(300)), 0) << rest.output();
+  // The newest complete checkpoint is used: step 5 of epoch 2, or a later one the killed run
+  // managed to commit.
+  EXPECT_NE(rest.output().find("Resuming from " + dir + "/part/checkpoint_"), std::string::npos)
+      << rest.output();
+  EXPECT_NE(rest.output().find(" steps of epoch 2, step "), std::string::npos) << rest.output();
+
+  auto epoch2 = [](const std::string& out) {
+    const size_t at = out.find("Epoch 2/2 | loss=");
+    return at == std::string::npos ? std::string("(none)") : out.substr(at, 24);
+  };
+  EXPECT_EQ(epoch2(rest.output()), epoch2(full.output())) << rest.output() << full.output();
+  const std::string a = NewestCheckpoint(dir + "/full"), b = NewestCheckpoint(dir + "/part");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(ReadFile(a + "/model.safetensors") == ReadFile(b + "/model.safetensors"))
+      << "the resumed run's weights differ from the uninterrupted run's";
+  for (const std::string& run : {dir + "/full", dir + "/part"})
+    for (const auto& e : fs::directory_iterator(run)) {
+      const std::string state = ReadFile(e.path() / "trainer_state.json");
+      EXPECT_EQ(state.find("step_in_epoch"), std::string::npos) << e.path() << " is left";
+    }
   fs::remove_all(dir);
 }
 

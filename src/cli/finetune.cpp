@@ -83,6 +83,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.seed),
                                   "--num-to-keep",
                                   s(o.num_to_keep),
+                                  "--save-steps",
+                                  s(o.save_steps),
                                   "--fsdp-units",
                                   o.fsdp_units,
                                   "--freeze",
@@ -284,6 +286,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--seed", o.seed, "Seed of the preset's initialisation and the data order")
       ->capture_default_str();
   cmd->add_option("--num-to-keep", o.num_to_keep, "Checkpoints kept (best by loss)")
+      ->capture_default_str();
+  cmd->add_option("--save-steps", o.save_steps,
+                  "Also checkpoint every N steps inside an epoch, so that a restart redoes at most "
+                  "N steps (0 = at epoch ends only; HF's save_steps)")
       ->capture_default_str();
   cmd->add_option("--fsdp-units", o.fsdp_units,
                   "mlp (each layer's MLP is a unit, as the seed) or layer")

@@ -110,6 +110,7 @@ RunSummary ReadRun(const std::string& run_dir) {
     c.name = name;
     c.epoch = Get<int64_t>(state, "epoch", 0);
     c.global_step = Get<int64_t>(state, "global_step", 0);
+    c.step_in_epoch = Get<int64_t>(state, "step_in_epoch", 0);
     c.metrics = ReadJsonFile(e.path() / "metrics.json");
     const nlohmann::json& source = c.metrics.is_object() ? c.metrics : state;
     c.score = Get<double>(source, r.score_attribute.c_str(), Get<double>(state, "loss", 0));
@@ -117,10 +118,12 @@ RunSummary ReadRun(const std::string& run_dir) {
   }
   std::sort(r.checkpoints.begin(), r.checkpoints.end(),
             [](const CheckpointSummary& a, const CheckpointSummary& b) {
-              return a.epoch != b.epoch ? a.epoch < b.epoch : a.name < b.name;
+              return a.global_step != b.global_step ? a.global_step < b.global_step
+                                                    : a.name < b.name;
             });
   for (const CheckpointSummary& c : r.checkpoints) {
     r.epochs_done = std::max(r.epochs_done, c.epoch);
+    if (c.step_in_epoch > 0) continue;  // a restart point, not scored
     const bool better = r.score_order == "max" ? c.score > r.best_score : c.score < r.best_score;
     if (!r.has_best || better) r.best_score = c.score;
     r.has_best = true;
@@ -161,6 +164,7 @@ nlohmann::json ToJson(const RunSummary& r) {
                      {"path", (fs::path(r.dir) / c.name).string()},
                      {"epoch", c.epoch},
                      {"global_step", c.global_step},
+                     {"step_in_epoch", c.step_in_epoch},
                      {"score", c.score},
                      {"metrics", c.metrics}});
   return {{"name", r.name},

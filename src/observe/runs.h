@@ -15,8 +15,9 @@ struct CheckpointSummary {
   std::string name;  // checkpoint_<time>
   int64_t epoch = 0;
   int64_t global_step = 0;
-  double score = 0;        // the run's checkpoint score attribute (loss by default)
-  nlohmann::json metrics;  // metrics.json
+  int64_t step_in_epoch = 0;  // > 0: a --save-steps checkpoint inside epoch `epoch` + 1
+  double score = 0;           // the run's checkpoint score attribute (loss by default)
+  nlohmann::json metrics;     // metrics.json
 };
 
 struct RunSummary {

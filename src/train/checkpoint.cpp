@@ -65,6 +65,10 @@ std::string PendingCheckpointDir(const std::string& run_dir, int64_t epoch) {
   return (fs::path(run_dir) / StrCat(".pending_epoch_", epoch)).string();
 }
 
+std::string PendingStepCheckpointDir(const std::string& run_dir, int64_t global_step) {
+  return (fs::path(run_dir) / StrCat(".pending_step_", global_step)).string();
+}
+
 std::string ShardPath(const std::string& dir, int rank) {
   return (fs::path(dir) / "shards" / StrCat("rank_", rank, ".safetensors")).string();
 }
@@ -136,11 +140,16 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& run_dir) {
     if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("global_step") ||
         !j["epoch"].is_number_integer() || !j["global_step"].is_number_integer())
       continue;
-    out.push_back({e.path().string(), j["epoch"].get<int64_t>(), j["global_step"].get<int64_t>(),
-                   std::move(j)});
+    const int64_t step_in_epoch =
+        j.contains("step_in_epoch") && j["step_in_epoch"].is_number_integer()
+            ? j["step_in_epoch"].get<int64_t>()
+            : 0;
+    if (step_in_epoch < 0) continue;
+    out.push_back({e.path().string(), j["epoch"].get<int64_t>(), step_in_epoch,
+                   j["global_step"].get<int64_t>(), std::move(j)});
   }
   std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
-    return a.epoch != b.epoch ? a.epoch > b.epoch : a.dir > b.dir;
+    return a.global_step != b.global_step ? a.global_step > b.global_step : a.dir > b.dir;
   });
   return out;
 }
@@ -189,7 +198,7 @@ int RemoveStalePendingCheckpoints(const std::string& run_dir) {
   std::error_code ec;
   std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(run_dir, ec))
-    if (e.path().filename().string().rfind(".pending_epoch_", 0) == 0) stale.push_back(e.path());
+    if (e.path().filename().string().rfind(".pending_", 0) == 0) stale.push_back(e.path());
   for (const auto& p : stale)
     if (fs::remove_all(p, ec) > 0 && !ec) ++removed;
   return removed;

@@ -3,8 +3,9 @@
 // trainer_state.json, every rank's FSDP shard (shards/rank_R.safetensors: fp32 master weights and
 // AdamW moments) and checksums.sha256, the SHA-256 of every other file, recorded at commit in
 // sha256sum's format (`sha256sum -c checksums.sha256` checks a copy by hand).
-// A checkpoint is built in <run>/.pending_epoch_E/ and committed with fsync + rename, so a process
-// killed while writing never leaves a half-written checkpoint_* directory nor harms older ones.
+// A checkpoint is built in <run>/.pending_epoch_E/ (or .pending_step_G/ for one taken inside an
+// epoch) and committed with fsync + rename, so a process killed while writing never leaves a
+// half-written checkpoint_* directory nor harms older ones.
 // Not the training loop: trainer.cpp decides when to write, which to keep and where to resume.
 #pragma once
 
@@ -21,8 +22,10 @@ namespace st {
 
 inline constexpr const char* kChecksumsFile = "checksums.sha256";
 
-// <run_dir>/.pending_epoch_<epoch>: where the checkpoint of `epoch` (1-based) is assembled.
+// <run_dir>/.pending_epoch_<epoch>: where the checkpoint of `epoch` (1-based) is assembled;
+// <run_dir>/.pending_step_<global_step> for a checkpoint inside an epoch (--save-steps).
 std::string PendingCheckpointDir(const std::string& run_dir, int64_t epoch);
+std::string PendingStepCheckpointDir(const std::string& run_dir, int64_t global_step);
 // <dir>/shards/rank_<rank>.safetensors
 std::string ShardPath(const std::string& dir, int rank);
 
@@ -47,11 +50,13 @@ Status CommitCheckpoint(const std::string& pending, const std::string& dir,
 // A committed checkpoint of the run, as its trainer_state.json describes it.
 struct CheckpointEntry {
   std::string dir;
-  int64_t epoch = 0;
+  int64_t epoch = 0;          // epochs completed
+  int64_t step_in_epoch = 0;  // steps of the next epoch also done (a --save-steps checkpoint)
   int64_t global_step = 0;
   nlohmann::json state;
 };
-// The run's checkpoint_* directories with a readable trainer_state.json, newest epoch first.
+// The run's checkpoint_* directories with a readable trainer_state.json, newest (by global step)
+// first.
 // Nothing is verified here beyond the JSON: see VerifyCheckpointFile.
 std::vector<CheckpointEntry> ListCheckpoints(const std::string& run_dir);
 
@@ -65,7 +70,7 @@ Status VerifyCheckpoint(const std::string& dir);
 // moments). A checkpoint written by another number of workers is an error that says so.
 Status LoadCheckpointShard(const std::string& dir, FsdpModel& fsdp, int rank, int world);
 
-// Removes the .pending_epoch_* directories a killed run left behind; returns how many.
+// Removes the .pending_* directories a killed run left behind; returns how many.
 int RemoveStalePendingCheckpoints(const std::string& run_dir);
 
 }  // namespace st

@@ -23,6 +23,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"max_grad_norm", o.max_grad_norm},
           {"seed", o.seed},
           {"num_to_keep", o.num_to_keep},
+          {"save_steps", o.save_steps},
           {"checkpoint_score_attribute", o.score_attribute},
           {"checkpoint_score_order", o.score_order},
           {"fsdp_units", o.fsdp_units},

@@ -73,6 +73,7 @@ struct RunInfo {
   nlohmann::json flags;  // the options, as given
   int world_size = 1;
   int64_t num_epochs = 0, first_epoch = 0, steps_per_epoch = 0;
+  int64_t resumed_step = 0;          // the global step of the checkpoint resumed from (0: none)
   int64_t tokens_per_step = 0;       // padded, global
   int64_t trainable_parameters = 0;  // for model FLOP/s
   std::vector<WorkerInfo> workers;   // [world]

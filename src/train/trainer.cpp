@@ -61,6 +61,7 @@ std::string TimeStamp() {
 struct Checkpoint {
   std::string path;
   double score;
+  bool inside_epoch = false;  // a --save-steps checkpoint: kept only until the next checkpoint
 };
 
 // The checkpoint score: one field of the epoch metrics (CheckpointConfig's score attribute).
@@ -141,6 +142,7 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   if (o.fsdp_units != "mlp" && o.fsdp_units != "layer")
     return InvalidArgument("--fsdp-units must be 'mlp' or 'layer', got '" + o.fsdp_units + "'");
   if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
+  if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
     return InvalidArgument("--lr, --weight-decay and --max-grad-norm must not be negative");
   return Status::Ok();
@@ -226,6 +228,10 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   std::vector<float> full(m.registry.layout.total());
   std::string final_metrics;
   int64_t global_step = 0, first_epoch = 0;
+  // A --save-steps checkpoint resumes inside epoch first_epoch + 1: its first `resume_step` steps
+  // are done, and rank 0's loss sum over them continues the epoch's mean.
+  int64_t resume_step = 0;
+  double resume_loss_sum = 0;
   if (o.resume || o.resume_if_any) {
     // Newest first; a checkpoint is used only when every rank could read its shard.
     const auto candidates = ListCheckpoints(run_dir);
@@ -240,10 +246,24 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       if (ok < 1.0f) continue;
       first_epoch = point.epoch;
       global_step = point.global_step;
+      resume_step = point.step_in_epoch;
+      if (auto it = point.state.find("epoch_loss_sum"); it != point.state.end() && it->is_number())
+        resume_loss_sum = it->get<double>();
+      if (resume_step >= steps_per_epoch)
+        return InvalidArgument(StrCat(point.dir, " was taken at step ", resume_step,
+                                      " of an epoch, but this data set and batch size give ",
+                                      steps_per_epoch, " steps per epoch"));
       resumed = true;
       if (rank == 0) {
-        std::printf("Resuming from %s (epoch %lld done, step %lld)\n", point.dir.c_str(),
-                    (long long)point.epoch, (long long)point.global_step);
+        if (resume_step > 0)
+          std::printf(
+              "Resuming from %s (epoch %lld done and %lld of %lld steps of epoch %lld, "
+              "step %lld)\n",
+              point.dir.c_str(), (long long)point.epoch, (long long)resume_step,
+              (long long)steps_per_epoch, (long long)point.epoch + 1, (long long)point.global_step);
+        else
+          std::printf("Resuming from %s (epoch %lld done, step %lld)\n", point.dir.c_str(),
+                      (long long)point.epoch, (long long)point.global_step);
         std::fflush(stdout);
       }
       break;
@@ -260,7 +280,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     }
     if (rank == 0 && resumed)
       for (const CheckpointEntry& point : candidates)
-        kept.push_back({point.dir, Score(point.state, o.score_attribute)});
+        kept.push_back({point.dir, Score(point.state, o.score_attribute), point.step_in_epoch > 0});
   }
   if (first_epoch >= o.num_epochs && rank == 0)
     std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
@@ -274,20 +294,89 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     info.world_size = world;
     info.num_epochs = o.num_epochs;
     info.first_epoch = first_epoch;
+    info.resumed_step = global_step;
     info.steps_per_epoch = steps_per_epoch;
     info.tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     info.trainable_parameters = trainable_parameters;
     info.workers = workers;
     observer->OnStart(info);
   }
+  // Writes a checkpoint of the state after `global_step`: every rank writes its shard into a
+  // pending directory, rank 0 adds the full model (all-gathered) and commits it with a rename.
+  // `step_in_epoch` > 0: a --save-steps checkpoint inside epoch `epochs_done` + 1.
+  auto save_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch, double loss_sum,
+                             const std::string& metrics_json, nlohmann::json state) -> Status {
+    ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
+    const bool inside_epoch = step_in_epoch > 0;
+    const std::string pending = inside_epoch ? PendingStepCheckpointDir(run_dir, global_step)
+                                             : PendingCheckpointDir(run_dir, epochs_done + 1);
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(pending, ec);
+      fs::create_directories(fs::path(pending) / "shards", ec);
+      if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
+    }
+    ST_RETURN_IF_ERROR(pg.Barrier(collective));
+    ST_RETURN_IF_ERROR(
+        WriteCheckpointShard(pending, fsdp, rank, world, epochs_done + !inside_epoch, global_step));
+    ST_RETURN_IF_ERROR(pg.Barrier(collective));
+    if (rank != 0) return Status::Ok();
+    const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
+    state["global_step"] = global_step;
+    state["world_size"] = world;
+    state["seed"] = o.seed;
+    state["model_id"] = o.model_id;
+    state["fsdp_units"] = o.fsdp_units;
+    state["dataset_split"] = o.dataset_split;
+    if (inside_epoch) {
+      state["step_in_epoch"] = step_in_epoch;
+      state["epoch_loss_sum"] = loss_sum;
+    }
+    ST_RETURN_IF_ERROR(CommitCheckpoint(
+        pending, dir, {&m, full.data(), tokenizer_dir, metrics_json, state.dump(2)}));
+    if (inside_epoch)
+      std::printf("Step checkpoint created at: %s (epoch %lld, step %lld of %lld)\n", dir.c_str(),
+                  (long long)epochs_done + 1, (long long)step_in_epoch, (long long)steps_per_epoch);
+    else
+      std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
+    std::fflush(stdout);
+    // A checkpoint inside an epoch is only a restart point: the next checkpoint replaces it.
+    for (size_t i = kept.size(); i-- > 0;) {
+      if (!kept[i].inside_epoch) continue;
+      std::error_code ec;
+      fs::remove_all(kept[i].path, ec);
+      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    kept.push_back({dir, Score(state, o.score_attribute), inside_epoch});
+    if (inside_epoch) return Status::Ok();
+    // Keep the best --num-to-keep by the score (CheckpointConfig(num_to_keep, score attribute,
+    // order)), and always the newest, which a resume needs, until a newer one exists.
+    const bool lower_is_better = o.score_order == "min";
+    std::stable_sort(kept.begin(), kept.end(), [&](const Checkpoint& a, const Checkpoint& b) {
+      return lower_is_better ? a.score < b.score : a.score > b.score;
+    });
+    const size_t budget = static_cast<size_t>(std::max(1, o.num_to_keep));
+    for (size_t i = kept.size(); i-- > budget;) {
+      if (kept[i].path == dir) continue;  // the newest stays beside the best ones
+      std::error_code ec;
+      fs::remove_all(kept[i].path, ec);
+      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return Status::Ok();
+  };
+
   for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto batches =
         EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
-    double loss_total = 0;
-    int64_t real_tokens = 0, step_in_epoch = 0;
+    // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time
+    // and throughput then cover the steps run since.
+    const int64_t skip = epoch == first_epoch ? resume_step : 0;
+    double loss_total = epoch == first_epoch ? resume_loss_sum : 0;
+    int64_t real_tokens = 0, step_in_epoch = skip;
     const int64_t tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
-    for (const auto& rows : batches) {
+    for (size_t bi = static_cast<size_t>(skip); bi < batches.size(); ++bi) {
+      const auto& rows = batches[bi];
       // Step metrics: data / compute / comm-wait split and collective totals, measured here and
       // in FsdpModel without changing what is computed or the order of collectives.
       using Clock = std::chrono::steady_clock;
@@ -334,7 +423,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ShowProgress(o.progress, epoch + 1, o.num_epochs, step_in_epoch,
                      static_cast<int64_t>(batches.size()), loss_total / step_in_epoch,
-                     tokens_per_step * step_in_epoch / elapsed, elapsed);
+                     tokens_per_step * (step_in_epoch - skip) / elapsed, elapsed);
         if (observer) {
           StepMetrics sm = SummariseStep(std::move(samples), r.Loss(), adam.lr, norm,
                                          tokens_per_step, trainable_parameters);
@@ -345,14 +434,23 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
           observer->OnStep(sm);
         }
       }
+      if (o.save_steps > 0 && step_in_epoch % o.save_steps == 0 &&
+          step_in_epoch < static_cast<int64_t>(batches.size())) {
+        const double partial = loss_total / static_cast<double>(step_in_epoch);
+        ST_RETURN_IF_ERROR(save_checkpoint(
+            epoch, step_in_epoch, loss_total,
+            StrCat("{\"epoch\": ", epoch + 1, ", \"step_in_epoch\": ", step_in_epoch,
+                   ", \"loss_so_far\": ", partial, "}"),
+            {{"epoch", epoch}, {"loss_so_far", partial}}));
+      }
     }
     float real = static_cast<float>(real_tokens);
     ST_RETURN_IF_ERROR(pg.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective));
     const double epoch_time =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double loss = loss_total / static_cast<double>(batches.size());
-    const double tokens_per_s = static_cast<double>(batches.size()) * o.batch_size_per_device *
-                                world * o.max_seq_len / epoch_time;
+    const double tokens_per_s = static_cast<double>(static_cast<int64_t>(batches.size()) - skip) *
+                                o.batch_size_per_device * world * o.max_seq_len / epoch_time;
     char metrics[256];
     std::snprintf(metrics, sizeof(metrics),
                   "{'epoch': %lld, 'loss': %.4f, 'epoch_time_s': %.2f, 'tokens_per_s': %.1f}",
@@ -377,53 +475,13 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
         observer->OnEpoch(em);
       }
     }
-    // Checkpoint: every rank writes its shard into a pending directory, rank 0 adds the full
-    // model (all-gathered) and commits it with a rename.
-    ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
-    const std::string pending = PendingCheckpointDir(run_dir, epoch + 1);
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(pending, ec);
-      fs::create_directories(fs::path(pending) / "shards", ec);
-      if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
-    }
-    ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    ST_RETURN_IF_ERROR(WriteCheckpointShard(pending, fsdp, rank, world, epoch + 1, global_step));
-    ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    if (rank == 0) {
-      const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
-      char json[256];
-      std::snprintf(
-          json, sizeof(json),
-          "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
-          (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
-      nlohmann::json state = {{"epoch", epoch + 1},
-                              {"global_step", global_step},
-                              {"world_size", world},
-                              {"loss", loss},
-                              {"seed", o.seed},
-                              {"model_id", o.model_id},
-                              {"fsdp_units", o.fsdp_units},
-                              {"dataset_split", o.dataset_split}};
-      ST_RETURN_IF_ERROR(
-          CommitCheckpoint(pending, dir, {&m, full.data(), tokenizer_dir, json, state.dump(2)}));
-      std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
-      std::fflush(stdout);
-      kept.push_back({dir, Score(state, o.score_attribute)});
-      // Keep the best --num-to-keep by the score (CheckpointConfig(num_to_keep, score attribute,
-      // order)), and always the newest, which a resume needs, until a newer one exists.
-      const bool lower_is_better = o.score_order == "min";
-      std::stable_sort(kept.begin(), kept.end(), [&](const Checkpoint& a, const Checkpoint& b) {
-        return lower_is_better ? a.score < b.score : a.score > b.score;
-      });
-      const size_t budget = static_cast<size_t>(std::max(1, o.num_to_keep));
-      for (size_t i = kept.size(); i-- > budget;) {
-        if (kept[i].path == dir) continue;  // the newest stays beside the best ones
-        std::error_code ec;
-        fs::remove_all(kept[i].path, ec);
-        kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
-      }
-    }
+    char json[256];
+    std::snprintf(
+        json, sizeof(json),
+        "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
+        (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
+    ST_RETURN_IF_ERROR(
+        save_checkpoint(epoch, 0, loss, json, {{"epoch", epoch + 1}, {"loss", loss}}));
     final_metrics = metrics;
   }
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the

@@ -41,6 +41,10 @@ struct FinetuneOptions {
   double max_grad_norm = 0;  // 0 = no clipping
   uint64_t seed = 42;
   int num_to_keep = 1;
+  // Also checkpoint every this many steps inside an epoch (HF TrainingArguments.save_steps), so a
+  // restart redoes at most that many steps; such a checkpoint is replaced by the next one. 0 = at
+  // epoch ends only.
+  int64_t save_steps = 0;
   std::string score_attribute = "loss";  // loss | epoch | epoch_time_s | tokens_per_s
   std::string score_order = "min";       // min | max: which checkpoints are best
   std::string progress = "auto";         // auto (bar on a terminal, else lines) | bar | lines | off
