@@ -2,6 +2,7 @@
 // 4 hosts; on each, `slicetrain launch --nproc-per-node 4` starts 4 workers of the 4x4 slice from
 // the Kubernetes Indexed Job environment (JOB_COMPLETION_INDEX + SLICETRAIN_HOSTS). Needs root and
 // `ip netns`; skipped with a message otherwise. The namespaces are removed even on failure.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <set>
 
 #include "proc_util.h"
+#include "test_util.h"
 
 namespace st {
 namespace {
@@ -155,6 +157,61 @@ TEST(MultiHost, LostHostTakesTheOthersDown) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(30));
   EXPECT_NE(launchers[1]->output().find("worker rank 3"), std::string::npos)
       << launchers[1]->output();
+}
+
+// Nothing listens beyond the interface the job uses: while a job runs, every TCP listener in each
+// host's namespace (rank 0's store; Gloo's pairs listen only until they are connected) is on that
+// host's address, none on 0.0.0.0, :: or another interface.
+TEST(MultiHost, ListenersBindTheJobsInterfaceOnly) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  const std::string ip = IpTool();
+  if (ip.empty()) GTEST_SKIP() << "iproute2 `ip` not found";
+  Namespaces ns(ip, 2);
+  const std::string failed = ns.Create();
+  if (!failed.empty()) GTEST_SKIP() << "`ip netns` unavailable here: `" << failed << "` failed";
+  const std::string hosts = Cat(Namespaces::Addr(0), ",", Namespaces::Addr(1));
+  std::vector<std::unique_ptr<Proc>> launchers;
+  for (int i = 0; i < 2; ++i)
+    launchers.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{ip, "netns", "exec", ns.Host(i), kBin, "launch",
+                                 "--nproc-per-node", "2", "--", "allreduce-loop", "--iters",
+                                 "100000000", "--count", "16", "--sleep-ms", "5"},
+        std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
+                                 Cat("SLICETRAIN_HOSTS=", hosts), "MASTER_PORT=29519",
+                                 "SLICETRAIN_SECRET=listeners", "SLICETRAIN_TIMEOUT_MS=10000"}));
+  ASSERT_TRUE(launchers[0]->ReadUntil(
+      [](const std::string& o) { return o.find("iteration 20 done") != std::string::npos; },
+      seconds(60)))
+      << launchers[0]->output();
+  for (int i = 0; i < 2; ++i) {
+    in_addr a{};
+    ASSERT_EQ(inet_pton(AF_INET, Namespaces::Addr(i).c_str(), &a), 1);
+    char want[16];
+    std::snprintf(want, sizeof(want), "%08X", a.s_addr);  // as /proc/net/tcp writes it
+    const test::Ran r =
+        test::RunCommand(Cat(ip, " netns exec ", ns.Host(i), " cat /proc/net/tcp /proc/net/tcp6"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::istringstream lines(r.out);
+    int listeners = 0;
+    bool store_seen = false;
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream ss(line);
+      std::string sl, local, remote, state;
+      ss >> sl >> local >> remote >> state;
+      if (state != "0A") continue;  // LISTEN
+      ++listeners;
+      const std::string addr = local.substr(0, local.find(':'));
+      EXPECT_EQ(addr, want) << "host " << i << " listens on " << local << "\n" << r.out;
+      store_seen = store_seen || local == Cat(want, ":", "734F");  // port 29519
+    }
+    // Gloo's pairs stop listening once connected: then only rank 0's store is left.
+    if (i == 0) {
+      EXPECT_GT(listeners, 0) << r.out;
+      EXPECT_TRUE(store_seen) << "rank 0's store is not on " << want << "\n" << r.out;
+    }
+  }
+  for (auto& l : launchers) kill(l->pid(), SIGTERM);
+  for (auto& l : launchers) EXPECT_NE(l->Wait(seconds(30)), -1) << l->output();
 }
 
 }  // namespace

@@ -26,12 +26,14 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   const auto timeout = std::chrono::milliseconds(std::max(env.collective_timeout_ms, 1000));
   const std::string where = StrCat("rank ", env.rank, " (host ", w->host_ip_, ")");
   if (env.rank == 0) {
-    // A job whose master address is loopback (every local run) has no peer elsewhere: its store
-    // listens on loopback only. Otherwise on every interface, for the other hosts' ranks.
+    // The store listens on the interface the job uses, never on every interface: loopback for a
+    // job whose master address is loopback (every local run), else this host's address
+    // (SLICETRAIN_HOST_IP, or the local address of the route to MASTER_ADDR), where the Gloo
+    // pairs listen too.
     const bool loopback = env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0 ||
                           env.master_addr == "::1";
-    auto server =
-        dist::TcpStoreServer::Start(loopback ? env.master_addr : "", env.master_port, env.secret);
+    auto server = dist::TcpStoreServer::Start(loopback ? env.master_addr : w->host_ip_,
+                                              env.master_port, env.secret);
     if (!server.ok())
       return server.status().WithContext(where + ": cannot serve the rendezvous store (is " +
                                          std::to_string(env.master_port) + " free?)");
