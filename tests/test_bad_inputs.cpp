@@ -389,5 +389,24 @@ TEST(BadInputStorage, FullDiskIsAOneLineError) {
   fs::remove_all(dir);
 }
 
+// A storage path that is not writable: a read-only tmpfs in a private mount namespace (root
+// ignores permission bits, a read-only mount it cannot). Skipped where unshare is not allowed.
+TEST(BadInputStorage, ReadOnlyStorageIsAOneLineError) {
+  if (RunCommand("unshare -m true").code != 0) GTEST_SKIP() << "unshare -m is not permitted here";
+  char tmpl[] = "/tmp/st_read_only_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string ft = std::string(ST_BINARY) +
+                         " finetune --data-dir " ST_SOURCE_DIR
+                         "/data --dataset-split train[:16] --num-epochs 1 --max-seq-len 32 "
+                         "--batch-size-per-device 2 --topology 1 --run-name ro "
+                         "--timeout-ms 20000 --storage-path " +
+                         dir;
+  const Ran r = RunCommand("timeout 120 unshare -m sh -c 'mount -t tmpfs -o ro,size=1m tmpfs " +
+                           dir + " && " + ft + "'");
+  ExpectOneLineError(r, 1, "Read-only file system");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace st
