@@ -370,42 +370,42 @@ TEST(BadInputCorpus, EveryFileHasACase) {
   }
 }
 
-// A full disk: the storage path is a 1 MiB tmpfs in a private mount namespace (needs root or
-// CAP_SYS_ADMIN; skipped where unshare is not allowed).
-TEST(BadInputStorage, FullDiskIsAOneLineError) {
-  if (RunCommand("unshare -m true").code != 0) GTEST_SKIP() << "unshare -m is not permitted here";
-  char tmpl[] = "/tmp/st_full_disk_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+// A short finetune whose storage path is a tmpfs mounted with `mount_options` in a private mount
+// namespace (needs root or CAP_SYS_ADMIN). `skipped` is set where unshare is not allowed.
+Ran FinetuneOnTmpfs(const std::string& mount_options, bool* skipped) {
+  *skipped = RunCommand("unshare -m true").code != 0;
+  if (*skipped) return {0, ""};
+  char tmpl[] = "/tmp/st_storage_XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return {-1, "mkdtemp failed"};
   const std::string dir = tmpl;
   const std::string ft = std::string(ST_BINARY) +
                          " finetune --data-dir " ST_SOURCE_DIR
                          "/data --dataset-split train[:16] --num-epochs 1 --max-seq-len 32 "
-                         "--batch-size-per-device 2 --topology 1 --run-name full "
+                         "--batch-size-per-device 2 --topology 1 --run-name r "
                          "--timeout-ms 20000 --storage-path " +
                          dir;
-  const Ran r = RunCommand("timeout 120 unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs " + dir +
-                           " && " + ft + "'");
-  ExpectOneLineError(r, 1, "No space left on device");
-  fs::remove_all(dir);
+  const Ran r = RunCommand("timeout 120 unshare -m sh -c 'mount -t tmpfs -o " + mount_options +
+                           " tmpfs " + dir + " && " + ft + "'");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return r;
 }
 
-// A storage path that is not writable: a read-only tmpfs in a private mount namespace (root
-// ignores permission bits, a read-only mount it cannot). Skipped where unshare is not allowed.
+// A full disk: a 1 MiB tmpfs.
+TEST(BadInputStorage, FullDiskIsAOneLineError) {
+  bool skipped = false;
+  const Ran r = FinetuneOnTmpfs("size=1m", &skipped);
+  if (skipped) GTEST_SKIP() << "unshare -m is not permitted here";
+  ExpectOneLineError(r, 1, "No space left on device");
+}
+
+// A storage path that is not writable: a read-only tmpfs (root ignores permission bits, a
+// read-only mount it cannot).
 TEST(BadInputStorage, ReadOnlyStorageIsAOneLineError) {
-  if (RunCommand("unshare -m true").code != 0) GTEST_SKIP() << "unshare -m is not permitted here";
-  char tmpl[] = "/tmp/st_read_only_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  const std::string ft = std::string(ST_BINARY) +
-                         " finetune --data-dir " ST_SOURCE_DIR
-                         "/data --dataset-split train[:16] --num-epochs 1 --max-seq-len 32 "
-                         "--batch-size-per-device 2 --topology 1 --run-name ro "
-                         "--timeout-ms 20000 --storage-path " +
-                         dir;
-  const Ran r = RunCommand("timeout 120 unshare -m sh -c 'mount -t tmpfs -o ro,size=1m tmpfs " +
-                           dir + " && " + ft + "'");
+  bool skipped = false;
+  const Ran r = FinetuneOnTmpfs("ro,size=1m", &skipped);
+  if (skipped) GTEST_SKIP() << "unshare -m is not permitted here";
   ExpectOneLineError(r, 1, "Read-only file system");
-  fs::remove_all(dir);
 }
 
 }  // namespace

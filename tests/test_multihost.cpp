@@ -55,6 +55,15 @@ class Namespaces {
   std::string Host(int i) const { return Cat(tag_, "h", std::to_string(i)); }
   static std::string Addr(int i) { return Cat("10.231.0.", std::to_string(i + 1)); }
 
+  // Creates the namespaces; "" on success, else why the test must be skipped.
+  std::string CreateOrSayWhyNot() {
+    if (geteuid() != 0) return "needs root to create network namespaces";
+    if (ip_.empty()) return "iproute2 `ip` not found";
+    const std::string failed = Create();
+    return failed.empty() ? "" : Cat("`ip netns` unavailable here: `", failed, "` failed");
+  }
+
+ private:
   // Returns "" on success, else the command that failed.
   std::string Create() {
     const std::string sw = tag_ + "sw";
@@ -78,7 +87,6 @@ class Namespaces {
     return "";
   }
 
- private:
   void Remove() {
     for (int i = 0; i < hosts_; ++i) {
       Sh(ip_ + " netns del " + Host(i));
@@ -90,25 +98,44 @@ class Namespaces {
   int hosts_;
 };
 
-TEST(MultiHost, FourNamespacesOfFourWorkersRunCollectives) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-  const std::string ip = IpTool();
-  if (ip.empty()) GTEST_SKIP() << "iproute2 `ip` not found";
-  Namespaces ns(ip, 4);
-  const std::string failed = ns.Create();
-  if (!failed.empty()) GTEST_SKIP() << "`ip netns` unavailable here: `" << failed << "` failed";
-
-  std::string hosts;
-  for (int i = 0; i < 4; ++i) hosts = Cat(hosts, i ? "," : "", Namespaces::Addr(i));
+// One `slicetrain launch --nproc-per-node <per_host> -- <command>` in every host's namespace, with
+// the Kubernetes Indexed Job environment (JOB_COMPLETION_INDEX + SLICETRAIN_HOSTS).
+std::vector<std::unique_ptr<Proc>> LaunchOnEveryHost(const std::string& ip, const Namespaces& ns,
+                                                     int hosts, int per_host,
+                                                     const std::vector<std::string>& command,
+                                                     const std::string& port,
+                                                     const std::string& secret,
+                                                     const std::string& timeout_ms) {
+  std::string addrs;
+  for (int i = 0; i < hosts; ++i) addrs = Cat(addrs, i ? "," : "", Namespaces::Addr(i));
   std::vector<std::unique_ptr<Proc>> launchers;
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < hosts; ++i) {
+    std::vector<std::string> argv = {ip,
+                                     "netns",
+                                     "exec",
+                                     ns.Host(i),
+                                     kBin,
+                                     "launch",
+                                     "--nproc-per-node",
+                                     std::to_string(per_host),
+                                     "--"};
+    argv.insert(argv.end(), command.begin(), command.end());
     launchers.push_back(std::make_unique<Proc>(
-        std::vector<std::string>{ip, "netns", "exec", ns.Host(i), kBin, "launch",
-                                 "--nproc-per-node", "4", "--", "collectives", "--topology", "4x4"},
-        std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
-                                 Cat("SLICETRAIN_HOSTS=", hosts), "MASTER_PORT=29517",
-                                 "SLICETRAIN_SECRET=netns-test-secret",
-                                 "SLICETRAIN_TIMEOUT_MS=30000"}));
+        argv, std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
+                                       Cat("SLICETRAIN_HOSTS=", addrs), Cat("MASTER_PORT=", port),
+                                       Cat("SLICETRAIN_SECRET=", secret),
+                                       Cat("SLICETRAIN_TIMEOUT_MS=", timeout_ms)}));
+  }
+  return launchers;
+}
+
+TEST(MultiHost, FourNamespacesOfFourWorkersRunCollectives) {
+  const std::string ip = IpTool();
+  Namespaces ns(ip, 4);
+  if (const std::string why = ns.CreateOrSayWhyNot(); !why.empty()) GTEST_SKIP() << why;
+
+  auto launchers = LaunchOnEveryHost(ip, ns, 4, 4, {"collectives", "--topology", "4x4"}, "29517",
+                                     "netns-test-secret", "30000");
   std::vector<int> rcs;
   for (auto& l : launchers) rcs.push_back(l->Wait(seconds(90)));
   for (int i = 0; i < 4; ++i)
@@ -130,23 +157,13 @@ TEST(MultiHost, FourNamespacesOfFourWorkersRunCollectives) {
 }
 
 TEST(MultiHost, LostHostTakesTheOthersDown) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
   const std::string ip = IpTool();
-  if (ip.empty()) GTEST_SKIP() << "iproute2 `ip` not found";
   Namespaces ns(ip, 2);
-  const std::string failed = ns.Create();
-  if (!failed.empty()) GTEST_SKIP() << "`ip netns` unavailable here: `" << failed << "` failed";
-  const std::string hosts = Cat(Namespaces::Addr(0), ",", Namespaces::Addr(1));
-  std::vector<std::unique_ptr<Proc>> launchers;
-  for (int i = 0; i < 2; ++i)
-    launchers.push_back(std::make_unique<Proc>(
-        std::vector<std::string>{ip, "netns", "exec", ns.Host(i), kBin, "launch",
-                                 "--nproc-per-node", "2", "--", "allreduce-loop", "--iters",
-                                 "100000000", "--count", "4096", "--fail-rank", "3", "--fail-at",
-                                 "50"},
-        std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
-                                 Cat("SLICETRAIN_HOSTS=", hosts), "MASTER_PORT=29518",
-                                 "SLICETRAIN_SECRET=s", "SLICETRAIN_TIMEOUT_MS=5000"}));
+  if (const std::string why = ns.CreateOrSayWhyNot(); !why.empty()) GTEST_SKIP() << why;
+  auto launchers = LaunchOnEveryHost(ip, ns, 2, 2,
+                                     {"allreduce-loop", "--iters", "100000000", "--count", "4096",
+                                      "--fail-rank", "3", "--fail-at", "50"},
+                                     "29518", "s", "5000");
   const auto t0 = std::chrono::steady_clock::now();
   const int rc1 = launchers[1]->Wait(seconds(40));
   const int rc0 = launchers[0]->Wait(seconds(40));
@@ -163,22 +180,12 @@ TEST(MultiHost, LostHostTakesTheOthersDown) {
 // host's namespace (rank 0's store; Gloo's pairs listen only until they are connected) is on that
 // host's address, none on 0.0.0.0, :: or another interface.
 TEST(MultiHost, ListenersBindTheJobsInterfaceOnly) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
   const std::string ip = IpTool();
-  if (ip.empty()) GTEST_SKIP() << "iproute2 `ip` not found";
   Namespaces ns(ip, 2);
-  const std::string failed = ns.Create();
-  if (!failed.empty()) GTEST_SKIP() << "`ip netns` unavailable here: `" << failed << "` failed";
-  const std::string hosts = Cat(Namespaces::Addr(0), ",", Namespaces::Addr(1));
-  std::vector<std::unique_ptr<Proc>> launchers;
-  for (int i = 0; i < 2; ++i)
-    launchers.push_back(std::make_unique<Proc>(
-        std::vector<std::string>{ip, "netns", "exec", ns.Host(i), kBin, "launch",
-                                 "--nproc-per-node", "2", "--", "allreduce-loop", "--iters",
-                                 "100000000", "--count", "16", "--sleep-ms", "5"},
-        std::vector<std::string>{Cat("JOB_COMPLETION_INDEX=", std::to_string(i)),
-                                 Cat("SLICETRAIN_HOSTS=", hosts), "MASTER_PORT=29519",
-                                 "SLICETRAIN_SECRET=listeners", "SLICETRAIN_TIMEOUT_MS=10000"}));
+  if (const std::string why = ns.CreateOrSayWhyNot(); !why.empty()) GTEST_SKIP() << why;
+  auto launchers = LaunchOnEveryHost(
+      ip, ns, 2, 2, {"allreduce-loop", "--iters", "100000000", "--count", "16", "--sleep-ms", "5"},
+      "29519", "listeners", "10000");
   ASSERT_TRUE(launchers[0]->ReadUntil(
       [](const std::string& o) { return o.find("iteration 20 done") != std::string::npos; },
       seconds(60)))

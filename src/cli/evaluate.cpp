@@ -13,23 +13,18 @@ namespace st::cli {
 
 namespace {
 
+DatasetOptions WithSplit(const std::string& split) {
+  DatasetOptions d;
+  d.split = split;
+  return d;
+}
+
 struct EvaluateArgs {
-  std::string model_id, tokenizer, dataset, data_dir;
-  std::string instruction_field, context_field, response_field;
-  std::string split = "train[:1024]";
+  std::string model_id, tokenizer, data_dir;
+  DatasetOptions dataset = WithSplit("train[:1024]");
   int64_t max_seq_len = 64, batch_size = 8;
   bool json = false;
 };
-
-DatasetOptions Dataset(const EvaluateArgs& a) {
-  DatasetOptions d;
-  d.path = a.dataset;
-  d.split = a.split;
-  d.instruction_field = a.instruction_field;
-  d.context_field = a.context_field;
-  d.response_field = a.response_field;
-  return d;
-}
 
 Status Run(const EvaluateArgs& a) {
   if (a.max_seq_len < 2 || a.batch_size < 1)
@@ -38,8 +33,8 @@ Status Run(const EvaluateArgs& a) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len));
   ST_ASSIGN_OR_RETURN(InstructionData data,
-                      LoadInstructionData(m.config, model_id, a.tokenizer, Dataset(a),
-                                          a.max_seq_len, BundledDataDir(a.data_dir)));
+                      LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.max_seq_len,
+                                          BundledDataDir(a.data_dir)));
   const TokenizedSet& set = data.examples;
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);
   double loss_sum = 0;
@@ -72,9 +67,10 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--model-id", a->model_id, "Checkpoint / HF model directory or preset")
       ->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json / directory (default: the model's)");
-  cmd->add_option("--dataset", a->dataset, "Instruction data set (default: bundled)");
-  cmd->add_option("--dataset-split", a->split, "HF split syntax")->capture_default_str();
-  AddDatasetFieldOptions(cmd, &a->instruction_field, &a->context_field, &a->response_field);
+  cmd->add_option("--dataset", a->dataset.path, "Instruction data set (default: bundled)");
+  cmd->add_option("--dataset-split", a->dataset.split, "HF split syntax")->capture_default_str();
+  AddDatasetFieldOptions(cmd, &a->dataset.instruction_field, &a->dataset.context_field,
+                         &a->dataset.response_field);
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Sequences per forward pass")
       ->capture_default_str();
