@@ -260,6 +260,51 @@ TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
   fs::remove_all(dir);
 }
 
+// A checkpoint used as --model-id is checked against the checksums recorded at commit: one flipped
+// bit inside a tensor (the file still parses) or an edited tokenizer file is refused with one
+// error line; the intact checkpoint loads.
+TEST(Finetune, AnAlteredCheckpointIsRefusedAsModel) {
+  char tmpl[] = "/tmp/st_altered_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, bin = ST_BINARY;
+  const std::string data =
+      " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
+  const Ran r = RunCommand(bin + " finetune" + data +
+                           " --topology 1 --num-epochs 1 --progress off --no-dashboard"
+                           " --run-name a --storage-path " +
+                           dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ckpt = NewestCheckpoint(dir + "/a");
+  const std::string eval = bin + " evaluate --model-id " + ckpt + data;
+  const Ran intact = RunCommand(eval);
+  ASSERT_EQ(intact.code, 0) << intact.out;
+
+  const std::string weights = ckpt + "/model.safetensors";
+  const std::string original = ReadFile(weights);
+  std::string flipped = original;
+  flipped[flipped.size() / 2] ^= 1;
+  std::ofstream(weights, std::ios::binary | std::ios::trunc) << flipped;
+  const Ran bad = RunCommand(eval);
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("model.safetensors does not match the checksum recorded at commit"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("damaged checkpoint"), std::string::npos) << bad.out;
+  const Ran bad_ft =
+      RunCommand(bin + " finetune --model-id " + ckpt + data +
+                 " --topology 1 --num-epochs 1 --no-dashboard --storage-path " + dir);
+  EXPECT_EQ(bad_ft.code, 1) << bad_ft.out;
+  EXPECT_NE(bad_ft.out.find("does not match the checksum"), std::string::npos) << bad_ft.out;
+  std::ofstream(weights, std::ios::binary | std::ios::trunc) << original;
+
+  std::ofstream(ckpt + "/tokenizer.json", std::ios::app) << " ";
+  const Ran bad_tok = RunCommand(eval);
+  EXPECT_EQ(bad_tok.code, 1) << bad_tok.out;
+  EXPECT_NE(bad_tok.out.find("tokenizer.json does not match the checksum"), std::string::npos)
+      << bad_tok.out;
+  fs::remove_all(dir);
+}
+
 // --instruction-field, --context-field, --response-field: the bundled records with renamed fields
 // train and evaluate exactly as the originals (the flags reach the workers), and without the flags
 // the error names them.

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <vector>
 
@@ -118,6 +119,60 @@ Status RenameDurably(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     return IoError(StrCat("cannot rename ", from, " to ", to, ": ", Errno()));
   return FsyncDir(ParentOf(to));
+}
+
+StatusOr<std::map<std::string, std::string>> ReadChecksums(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kChecksumsFile).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return DataLoss(StrCat(dir, " has no ", kChecksumsFile,
+                           ": it was never committed (a run killed while writing it?)"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(StrCat(path, ": cannot open: ", Errno()));
+  std::map<std::string, std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const bool well_formed = line.size() > 66 && line.compare(64, 2, "  ") == 0 &&
+                             line.find_first_not_of("0123456789abcdef") == 64;
+    if (!well_formed) return DataLoss(StrCat(path, ": malformed line '", line.substr(0, 80), "'"));
+    out[line.substr(66)] = line.substr(0, 64);
+  }
+  if (out.empty()) return DataLoss(StrCat(path, " lists no file"));
+  return out;
+}
+
+namespace {
+
+Status VerifyListed(const std::string& dir, const std::map<std::string, std::string>& manifest,
+                    const std::string& relative) {
+  auto it = manifest.find(relative);
+  if (it == manifest.end())
+    return DataLoss(StrCat(dir, "/", kChecksumsFile, " does not list ", relative));
+  const std::string path = (fs::path(dir) / relative).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return DataLoss(StrCat(path, " is missing"));
+  ST_ASSIGN_OR_RETURN(std::string digest, HashFile(path));
+  if (digest != it->second)
+    return DataLoss(StrCat(path, " does not match the checksum recorded at commit (", digest,
+                           " now, ", it->second, " then): it was truncated or altered"));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status VerifyChecksum(const std::string& dir, const std::string& relative) {
+  ST_ASSIGN_OR_RETURN(auto manifest, ReadChecksums(dir));
+  return VerifyListed(dir, manifest, relative);
+}
+
+Status VerifyChecksumsIfListed(const std::string& dir, const std::vector<std::string>& relative) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / kChecksumsFile, ec)) return Status::Ok();
+  ST_ASSIGN_OR_RETURN(auto manifest, ReadChecksums(dir));
+  for (const std::string& r : relative)
+    if (fs::exists(fs::path(dir) / r, ec)) ST_RETURN_IF_ERROR(VerifyListed(dir, manifest, r));
+  return Status::Ok();
 }
 
 }  // namespace st

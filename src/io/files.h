@@ -4,7 +4,9 @@
 // Not a file-system abstraction: plain POSIX paths only.
 #pragma once
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -30,5 +32,22 @@ Status WriteFileDurably(const std::string& path, const std::string& text);
 
 // rename(2) of a file or directory, then fsync of the destination's parent directory.
 Status RenameDurably(const std::string& from, const std::string& to);
+
+// A directory's manifest of SHA-256 checksums in sha256sum's format (`<hex>  <relative path>`),
+// as a committed checkpoint holds it.
+inline constexpr const char* kChecksumsFile = "checksums.sha256";
+
+// <dir>/checksums.sha256 as {relative path: hex digest}; a missing or malformed manifest is an
+// error.
+StatusOr<std::map<std::string, std::string>> ReadChecksums(const std::string& dir);
+
+// Checks one file of `dir` (a path relative to it) against the manifest: a missing manifest, a
+// file it does not list, a missing file or a different hash is an error naming the file.
+Status VerifyChecksum(const std::string& dir, const std::string& relative);
+
+// For readers of directories that may be checkpoints (--model-id, --tokenizer): when `dir` holds
+// a manifest, each of `relative` that exists there must be listed and match; without a manifest
+// there is nothing to check.
+Status VerifyChecksumsIfListed(const std::string& dir, const std::vector<std::string>& relative);
 
 }  // namespace st

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "io/files.h"
 #include "io/hf_model.h"
 
 namespace st {
@@ -10,9 +11,18 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
   LoadedModel m;
   std::error_code ec;
   if (std::filesystem::is_directory(model_id, ec)) {
+    ST_ASSIGN_OR_RETURN(std::vector<std::string> files, ModelWeightFiles(model_id));
+    // A slicetrain checkpoint lists the SHA-256 of its files: an altered or truncated one is
+    // refused here, before its bytes become weights (a flipped bit inside a tensor still parses).
+    std::vector<std::string> listed = {"config.json", "model.safetensors.index.json"};
+    for (const std::string& f : files)
+      listed.push_back(std::filesystem::path(f).lexically_relative(model_id).string());
+    // (Deleting checksums.sha256 is how to use a checkpoint whose files were changed on purpose.)
+    if (Status st = VerifyChecksumsIfListed(model_id, listed); !st.ok())
+      return Status(st.code(),
+                    st.message() + "; --model-id names a damaged checkpoint: use another");
     ST_ASSIGN_OR_RETURN(m.config, LoadGemma4Config(model_id + "/config.json"));
     m.registry = BuildParamRegistry(m.config);
-    ST_ASSIGN_OR_RETURN(std::vector<std::string> files, ModelWeightFiles(model_id));
     // Weights take at least a byte each: files far smaller than the config's parameter count
     // cannot hold the model, so say so before allocating the arena that config.json alone sized
     // (an absurd config would otherwise fail as an allocation, not as a message). Small models go

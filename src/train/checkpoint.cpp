@@ -26,28 +26,6 @@ StatusOr<std::string> ReadSmallFile(const std::string& path) {
   return s.str();
 }
 
-// checksums.sha256 as {relative path: hex digest}.
-StatusOr<std::map<std::string, std::string>> ReadManifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kChecksumsFile).string();
-  std::error_code ec;
-  if (!fs::exists(path, ec))
-    return DataLoss(StrCat(dir, " has no ", kChecksumsFile,
-                           ": it was never committed (a run killed while writing it?)"));
-  ST_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
-  std::map<std::string, std::string> out;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.empty()) continue;
-    const bool well_formed = line.size() > 66 && line.compare(64, 2, "  ") == 0 &&
-                             line.find_first_not_of("0123456789abcdef") == 64;
-    if (!well_formed) return DataLoss(StrCat(path, ": malformed line '", line.substr(0, 80), "'"));
-    out[line.substr(66)] = line.substr(0, 64);
-  }
-  if (out.empty()) return DataLoss(StrCat(path, " lists no file"));
-  return out;
-}
-
 // Every regular file under `dir`, as paths relative to it, sorted.
 std::vector<std::string> FilesUnder(const std::string& dir) {
   std::vector<std::string> out;
@@ -155,22 +133,11 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& run_dir) {
 }
 
 Status VerifyCheckpointFile(const std::string& dir, const std::string& relative) {
-  ST_ASSIGN_OR_RETURN(auto manifest, ReadManifest(dir));
-  auto it = manifest.find(relative);
-  if (it == manifest.end())
-    return DataLoss(StrCat(dir, "/", kChecksumsFile, " does not list ", relative));
-  const std::string path = (fs::path(dir) / relative).string();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return DataLoss(StrCat(path, " is missing"));
-  ST_ASSIGN_OR_RETURN(std::string digest, HashFile(path));
-  if (digest != it->second)
-    return DataLoss(StrCat(path, " does not match the checksum recorded at commit (", digest,
-                           " now, ", it->second, " then): it was truncated or altered"));
-  return Status::Ok();
+  return VerifyChecksum(dir, relative);
 }
 
 Status VerifyCheckpoint(const std::string& dir) {
-  ST_ASSIGN_OR_RETURN(auto manifest, ReadManifest(dir));
+  ST_ASSIGN_OR_RETURN(auto manifest, ReadChecksums(dir));
   for (const auto& [relative, digest] : manifest)
     ST_RETURN_IF_ERROR(VerifyCheckpointFile(dir, relative));
   return Status::Ok();

@@ -15,12 +15,11 @@
 #include <vector>
 
 #include "core/status.h"
+#include "io/files.h"
 #include "io/model_loader.h"
 #include "parallel/fsdp.h"
 
 namespace st {
-
-inline constexpr const char* kChecksumsFile = "checksums.sha256";
 
 // <run_dir>/.pending_epoch_<epoch>: where the checkpoint of `epoch` (1-based) is assembled;
 // <run_dir>/.pending_step_<global_step> for a checkpoint inside an epoch (--save-steps).

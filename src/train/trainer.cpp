@@ -15,6 +15,7 @@
 #include "data/collate.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "io/files.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/safetensors.h"
@@ -104,6 +105,10 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
   const std::string tok_dir = !tokenizer_flag.empty()          ? tokenizer_flag
                               : fs::is_directory(model_id, ec) ? model_id
                                                                : data_dir + "/tokenizer";
+  if (fs::is_directory(tok_dir, ec))
+    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(
+                           tok_dir, {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"})
+                           .WithContext("tokenizer " + tok_dir));
   ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tok_dir));
   if (tok.vocab_size() > config.vocab_size)
     return InvalidArgument(StrCat("the tokenizer at ", tok_dir, " has ", tok.vocab_size(),
