@@ -126,24 +126,9 @@ class Proc {
   bool eof_ = false;
 };
 
-// The pids of the worker processes a driver or launcher started: its children running `finetune`.
+// The pids of the worker processes a driver or launcher started (its children, by pid).
 std::vector<pid_t> Workers(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    char state;
-    int ppid = 0;
-    if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) != 2) continue;
-    if (ppid == parent) out.push_back(std::stoi(name));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return test::ChildPids(parent);
 }
 
 class Faults : public ::testing::Test {

@@ -187,9 +187,10 @@ TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
 }
 
 // --save-steps: checkpoints inside an epoch. A run killed (SIGKILL of the driver, which takes its
-// workers with it) right after the first step checkpoint of epoch 2 and resumed from it ends with
-// byte-identical weights and the same epoch-2 loss as an uninterrupted run; step checkpoints are
-// replaced by the next checkpoint, so none is left at the end.
+// workers with it) right after the first step checkpoint of epoch 2 and resumed from it with
+// --resume, and a run whose worker is killed there under --max-failures 1 (restarted
+// automatically), both end with byte-identical weights and the same epoch-2 loss as an
+// uninterrupted run; step checkpoints are replaced by the next checkpoint, so none is left.
 TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
   char tmpl[] = "/tmp/st_save_steps_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -242,17 +243,36 @@ TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
       << rest.output();
   EXPECT_NE(rest.output().find(" steps of epoch 2, step "), std::string::npos) << rest.output();
 
+  testing::Proc restarted(with({"--run-name", "restarted", "--max-failures", "1"}));
+  ASSERT_TRUE(restarted.ReadUntil(
+      [](const std::string& o) { return o.find("(epoch 2, step 5 of 16)") != std::string::npos; },
+      std::chrono::seconds(300)))
+      << restarted.output();
+  const std::vector<pid_t> workers = test::ChildPids(restarted.pid());
+  ASSERT_EQ(workers.size(), 2u) << restarted.output();
+  ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+  ASSERT_EQ(restarted.Wait(std::chrono::seconds(300)), 0) << restarted.output();
+  EXPECT_NE(restarted.output().find("Restarting the workers (restart 1 of --max-failures 1)"),
+            std::string::npos)
+      << restarted.output();
+  EXPECT_NE(restarted.output().find(" steps of epoch 2, step "), std::string::npos)
+      << restarted.output();
+
   auto epoch2 = [](const std::string& out) {
     const size_t at = out.find("Epoch 2/2 | loss=");
     return at == std::string::npos ? std::string("(none)") : out.substr(at, 24);
   };
   EXPECT_EQ(epoch2(rest.output()), epoch2(full.output())) << rest.output() << full.output();
-  const std::string a = NewestCheckpoint(dir + "/full"), b = NewestCheckpoint(dir + "/part");
+  EXPECT_EQ(epoch2(restarted.output()), epoch2(full.output())) << restarted.output();
+  const std::string a = NewestCheckpoint(dir + "/full");
   ASSERT_FALSE(a.empty());
-  ASSERT_FALSE(b.empty());
-  EXPECT_TRUE(ReadFile(a + "/model.safetensors") == ReadFile(b + "/model.safetensors"))
-      << "the resumed run's weights differ from the uninterrupted run's";
-  for (const std::string& run : {dir + "/full", dir + "/part"})
+  for (const char* run : {"part", "restarted"}) {
+    const std::string b = NewestCheckpoint(dir + "/" + std::string(run));
+    ASSERT_FALSE(b.empty()) << run;
+    EXPECT_TRUE(ReadFile(a + "/model.safetensors") == ReadFile(b + "/model.safetensors"))
+        << "the " << run << " run's weights differ from the uninterrupted run's";
+  }
+  for (const std::string& run : {dir + "/full", dir + "/part", dir + "/restarted"})
     for (const auto& e : fs::directory_iterator(run)) {
       const std::string state = ReadFile(e.path() / "trainer_state.json");
       EXPECT_EQ(state.find("step_in_epoch"), std::string::npos) << e.path() << " is left";
@@ -263,18 +283,28 @@ TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
 // A checkpoint used as --model-id is checked against the checksums recorded at commit: one flipped
 // bit inside a tensor (the file still parses) or an edited tokenizer file is refused with one
 // error line; the intact checkpoint loads.
+// The flags of a short run on 16 bundled records (finetune and evaluate take them).
+const char kSmallData[] =
+    " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
+
+// Fine-tunes 1 epoch on one worker into <dir>/<run>; returns its checkpoint ("" and the output
+// in *out on failure).
+std::string TinyCheckpoint(const std::string& dir, const std::string& run, std::string* out) {
+  const Ran r = RunCommand(std::string(ST_BINARY) + " finetune" + kSmallData +
+                           " --topology 1 --num-epochs 1 --progress off --no-dashboard"
+                           " --run-name " +
+                           run + " --storage-path " + dir);
+  *out = r.out;
+  return r.code == 0 ? NewestCheckpoint(dir + "/" + run) : "";
+}
+
 TEST(Finetune, AnAlteredCheckpointIsRefusedAsModel) {
   char tmpl[] = "/tmp/st_altered_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, bin = ST_BINARY;
-  const std::string data =
-      " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
-  const Ran r = RunCommand(bin + " finetune" + data +
-                           " --topology 1 --num-epochs 1 --progress off --no-dashboard"
-                           " --run-name a --storage-path " +
-                           dir);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const std::string ckpt = NewestCheckpoint(dir + "/a");
+  const std::string dir = tmpl, bin = ST_BINARY, data = kSmallData;
+  std::string out;
+  const std::string ckpt = TinyCheckpoint(dir, "a", &out);
+  ASSERT_FALSE(ckpt.empty()) << out;
   const std::string eval = bin + " evaluate --model-id " + ckpt + data;
   const Ran intact = RunCommand(eval);
   ASSERT_EQ(intact.code, 0) << intact.out;
@@ -365,16 +395,10 @@ TEST(Finetune, DatasetFieldFlagsNameTheFields) {
 TEST(Finetune, HubIdResolvesThroughTheCache) {
   char tmpl[] = "/tmp/st_hubid_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  const std::string bin = ST_BINARY;
-  const std::string data =
-      " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
-  const Ran r = RunCommand(bin + " finetune" + data +
-                           " --topology 1 --num-epochs 1 --progress off"
-                           " --run-name h --storage-path " +
-                           dir);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const std::string ckpt = NewestCheckpoint(dir + "/h");
+  const std::string dir = tmpl, bin = ST_BINARY, data = kSmallData;
+  std::string out;
+  const std::string ckpt = TinyCheckpoint(dir, "h", &out);
+  ASSERT_FALSE(ckpt.empty()) << out;
   const std::string commit(40, 'a');
   const fs::path repo = fs::path(dir) / "cache" / "models--acme--tiny-sft";
   fs::create_directories(repo / "refs");

@@ -117,4 +117,26 @@ inline std::set<std::string> SocketInodes(pid_t pid) {
   return out;
 }
 
+// The pids of `parent`'s children, sorted (a driver's or launcher's workers, started in rank
+// order).
+inline std::vector<pid_t> ChildPids(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) != 2) continue;
+    if (ppid == parent) out.push_back(std::stoi(name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace st::test
