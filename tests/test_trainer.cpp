@@ -186,6 +186,53 @@ TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
   fs::remove_all(dir);
 }
 
+// The flags of a short run on 16 bundled records (finetune and evaluate take them).
+const char kSmallData[] =
+    " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
+
+// Fine-tunes 1 epoch on one worker into <dir>/<run>; returns its checkpoint ("" and the output
+// in *out on failure).
+std::string TinyCheckpoint(const std::string& dir, const std::string& run, std::string* out) {
+  const Ran r = RunCommand(std::string(ST_BINARY) + " finetune" + kSmallData +
+                           " --topology 1 --num-epochs 1 --progress off --no-dashboard"
+                           " --run-name " +
+                           run + " --storage-path " + dir);
+  *out = r.out;
+  return r.code == 0 ? NewestCheckpoint(dir + "/" + run) : "";
+}
+
+// --checkpoint-score-attribute tokens_per_s (a metric of the epoch, not only of trainer_state's
+// loss): the checkpoint named best is the one whose metrics.json has the highest throughput.
+TEST(Finetune, RanksCheckpointsByAnyScoreAttribute) {
+  char tmpl[] = "/tmp/st_score_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const Ran r = RunCommand(std::string(ST_BINARY) + " finetune" + kSmallData +
+                           " --topology 1 --num-epochs 3 --num-to-keep 3 --no-dashboard"
+                           " --checkpoint-score-attribute tokens_per_s"
+                           " --checkpoint-score-order max --progress off --run-name s"
+                           " --storage-path " +
+                           dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::string best;
+  double best_tps = -1;
+  int seen = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/s")) {
+    if (e.path().filename().string().rfind("checkpoint_", 0) != 0) continue;
+    ++seen;
+    const std::string metrics = ReadFile(e.path() / "metrics.json");
+    const size_t at = metrics.find("\"tokens_per_s\": ");
+    ASSERT_NE(at, std::string::npos) << metrics;
+    const double tps = std::stod(metrics.substr(at + 16));
+    if (tps > best_tps) best_tps = tps, best = e.path().string();
+  }
+  EXPECT_EQ(seen, 3);
+  EXPECT_NE(r.out.find("Saved checkpoint: " + best + "\n"), std::string::npos)
+      << "best by tokens_per_s: " << best << "\n"
+      << r.out;
+  fs::remove_all(dir);
+}
+
 // --save-steps: checkpoints inside an epoch. A run killed (SIGKILL of the driver, which takes its
 // workers with it) right after the first step checkpoint of epoch 2 and resumed from it with
 // --resume, and a run whose worker is killed there under --max-failures 1 (restarted
@@ -283,21 +330,6 @@ TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
 // A checkpoint used as --model-id is checked against the checksums recorded at commit: one flipped
 // bit inside a tensor (the file still parses) or an edited tokenizer file is refused with one
 // error line; the intact checkpoint loads.
-// The flags of a short run on 16 bundled records (finetune and evaluate take them).
-const char kSmallData[] =
-    " --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:16]' --max-seq-len 32";
-
-// Fine-tunes 1 epoch on one worker into <dir>/<run>; returns its checkpoint ("" and the output
-// in *out on failure).
-std::string TinyCheckpoint(const std::string& dir, const std::string& run, std::string* out) {
-  const Ran r = RunCommand(std::string(ST_BINARY) + " finetune" + kSmallData +
-                           " --topology 1 --num-epochs 1 --progress off --no-dashboard"
-                           " --run-name " +
-                           run + " --storage-path " + dir);
-  *out = r.out;
-  return r.code == 0 ? NewestCheckpoint(dir + "/" + run) : "";
-}
-
 TEST(Finetune, AnAlteredCheckpointIsRefusedAsModel) {
   char tmpl[] = "/tmp/st_altered_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

@@ -485,8 +485,13 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
         json, sizeof(json),
         "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
         (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
-    ST_RETURN_IF_ERROR(
-        save_checkpoint(epoch, 0, loss, json, {{"epoch", epoch + 1}, {"loss", loss}}));
+    // The state holds every score attribute (--checkpoint-score-attribute ranks by it, also
+    // after a resume).
+    ST_RETURN_IF_ERROR(save_checkpoint(epoch, 0, loss, json,
+                                       {{"epoch", epoch + 1},
+                                        {"loss", loss},
+                                        {"epoch_time_s", epoch_time},
+                                        {"tokens_per_s", tokens_per_s}}));
     final_metrics = metrics;
   }
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
