@@ -38,12 +38,6 @@ namespace fs = std::filesystem;
 using test::ReadFile;
 using Clock = std::chrono::steady_clock;
 
-std::string TempDir(const char* tag) {
-  std::string tmpl = std::string("/tmp/st_observe_") + tag + "_XXXXXX";
-  char* d = mkdtemp(tmpl.data());
-  return d ? d : "";
-}
-
 // The Prometheus text format (0.0.4), strictly enough to catch what a scraper rejects: every
 // sample belongs to a metric with a TYPE line before it, names and labels are well formed, values
 // parse, and each (name, labels) pair appears once. Returns "" or the first problem.
@@ -239,6 +233,7 @@ RunInfo TestRun(const std::string& storage, const std::string& name, int64_t fir
   r.num_epochs = 2;
   r.first_epoch = first_epoch;
   r.steps_per_epoch = 3;
+  r.resumed_step = first_epoch * r.steps_per_epoch;  // resumed at an epoch end
   r.tokens_per_step = 512;
   r.trainable_parameters = 1000;
   r.workers = {{0, "hostA", "127.0.0.1", ::getpid()}, {1, "hostA", "127.0.0.1", ::getpid()}};
@@ -258,7 +253,7 @@ StepMetrics TestStep(int64_t step, double loss) {
 }
 
 TEST(Recorder, WritesOneJsonRecordPerStepAndTheRunState) {
-  const std::string storage = TempDir("rec");
+  const std::string storage = test::TempDir("observe_rec");
   observe::RunRecorder rec;
   EXPECT_EQ(rec.status(), "starting");
   rec.OnStart(TestRun(storage, "r"));
@@ -300,7 +295,7 @@ TEST(Recorder, WritesOneJsonRecordPerStepAndTheRunState) {
 }
 
 TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
-  const std::string storage = TempDir("resume");
+  const std::string storage = test::TempDir("observe_resume");
   {
     observe::RunRecorder first;
     first.OnStart(TestRun(storage, "r"));
@@ -319,7 +314,7 @@ TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
 }
 
 TEST(Recorder, PrometheusTextParses) {
-  const std::string storage = TempDir("prom");
+  const std::string storage = test::TempDir("observe_prom");
   observe::RunRecorder rec;
   RunInfo run = TestRun(storage, "odd \"name\"\\ x");
   rec.OnStart(run);
@@ -349,7 +344,7 @@ TEST(Plot, SvgIsWellFormedAndEscapesText) {
 }
 
 TEST(Plot, TrainingCurvesFromTheRunDirectory) {
-  const std::string storage = TempDir("plot");
+  const std::string storage = test::TempDir("observe_plot");
   observe::RunRecorder rec;
   rec.OnStart(TestRun(storage, "r"));
   for (int64_t s = 1; s <= 4; ++s) rec.OnStep(TestStep(s, 5.0 / s));
@@ -369,7 +364,7 @@ TEST(Plot, TrainingCurvesFromTheRunDirectory) {
 // A storage path as runs written before run.json existed (checkpoints only) and a finished run
 // with everything.
 std::string StorageFixture() {
-  const std::string storage = TempDir("runs");
+  const std::string storage = test::TempDir("observe_runs");
   const fs::path old = fs::path(storage) / "old_run" / "checkpoint_2026-01-01_00-00-00.000001";
   fs::create_directories(old);
   std::ofstream(old / "trainer_state.json") << R"({"epoch": 1, "global_step": 8, "loss": 3.5})";
@@ -481,7 +476,7 @@ TEST(Dashboard, BusyPortIsAnErrorNotACrash) {
 }
 
 TEST(Dashboard, EventStreamDeliversStepsLiveAndEndsWithTheRun) {
-  const std::string storage = TempDir("sse");
+  const std::string storage = test::TempDir("observe_sse");
   observe::RunRecorder rec;
   rec.OnStart(TestRun(storage, "live"));
   rec.OnStep(TestStep(1, 3));
@@ -643,7 +638,7 @@ nlohmann::json GetJson(httplib::Client& c, const std::string& path) {
 }
 
 TEST(ObserveE2E, LiveFinetuneDashboardEndpointsAndBrowser) {
-  const std::string dir = TempDir("e2e");
+  const std::string dir = test::TempDir("observe_e2e");
   Child run({ST_BINARY,
              "finetune",
              "--data-dir",
@@ -774,7 +769,7 @@ TEST(ObserveE2E, LiveFinetuneDashboardEndpointsAndBrowser) {
 }
 
 TEST(ObserveE2E, BusyDashboardPortOnlyWarns) {
-  const std::string dir = TempDir("busy");
+  const std::string dir = test::TempDir("observe_busy");
   auto taken = observe::Dashboard::Start({"127.0.0.1", 0, dir}, nullptr);
   ASSERT_TRUE(taken.ok());
   Child run(

@@ -60,9 +60,8 @@ TEST(EpochBatches, PadsToTheWorldAndDropsThePartialBatch) {
 }
 
 TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
-  char tmpl[] = "/tmp/st_finetune_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = test::TempDir("finetune");
+  ASSERT_FALSE(dir.empty());
   const std::string bin = ST_BINARY;
   const Ran r =
       RunCommand(bin + " finetune --data-dir " ST_SOURCE_DIR "/data --dataset-split 'train[:64]'" +
@@ -107,9 +106,8 @@ TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
 }
 
 TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
-  char tmpl[] = "/tmp/st_resume_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = test::TempDir("resume");
+  ASSERT_FALSE(dir.empty());
   const std::string base = std::string(ST_BINARY) +
                            " finetune --data-dir " ST_SOURCE_DIR
                            "/data --dataset-split 'train[:32]' --max-seq-len 32 --topology 2"
@@ -161,9 +159,8 @@ TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
 }
 
 TEST(Finetune, KeepsTheBestByTheScoreAndTheNewest) {
-  char tmpl[] = "/tmp/st_keep_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = test::TempDir("keep");
+  ASSERT_FALSE(dir.empty());
   // Order max on the (falling) loss: the best is epoch 1's; the newest (epoch 3's) stays too.
   const Ran r = RunCommand(std::string(ST_BINARY) +
                            " finetune --data-dir " ST_SOURCE_DIR
@@ -204,9 +201,8 @@ std::string TinyCheckpoint(const std::string& dir, const std::string& run, std::
 // --checkpoint-score-attribute tokens_per_s (a metric of the epoch, not only of trainer_state's
 // loss): the checkpoint named best is the one whose metrics.json has the highest throughput.
 TEST(Finetune, RanksCheckpointsByAnyScoreAttribute) {
-  char tmpl[] = "/tmp/st_score_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = test::TempDir("score");
+  ASSERT_FALSE(dir.empty());
   const Ran r = RunCommand(std::string(ST_BINARY) + " finetune" + kSmallData +
                            " --topology 1 --num-epochs 3 --num-to-keep 3 --no-dashboard"
                            " --checkpoint-score-attribute tokens_per_s"
@@ -239,9 +235,8 @@ TEST(Finetune, RanksCheckpointsByAnyScoreAttribute) {
 // automatically), both end with byte-identical weights and the same epoch-2 loss as an
 // uninterrupted run; step checkpoints are replaced by the next checkpoint, so none is left.
 TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
-  char tmpl[] = "/tmp/st_save_steps_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = test::TempDir("save_steps");
+  ASSERT_FALSE(dir.empty());
   const std::vector<std::string> base = {ST_BINARY,
                                          "finetune",
                                          "--data-dir",
@@ -331,9 +326,8 @@ TEST(Finetune, StepCheckpointsResumeInsideAnEpochExactly) {
 // bit inside a tensor (the file still parses) or an edited tokenizer file is refused with one
 // error line; the intact checkpoint loads.
 TEST(Finetune, AnAlteredCheckpointIsRefusedAsModel) {
-  char tmpl[] = "/tmp/st_altered_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, bin = ST_BINARY, data = kSmallData;
+  const std::string dir = test::TempDir("altered"), bin = ST_BINARY, data = kSmallData;
+  ASSERT_FALSE(dir.empty());
   std::string out;
   const std::string ckpt = TinyCheckpoint(dir, "a", &out);
   ASSERT_FALSE(ckpt.empty()) << out;
@@ -371,9 +365,8 @@ TEST(Finetune, AnAlteredCheckpointIsRefusedAsModel) {
 // train and evaluate exactly as the originals (the flags reach the workers), and without the flags
 // the error names them.
 TEST(Finetune, DatasetFieldFlagsNameTheFields) {
-  char tmpl[] = "/tmp/st_fields_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = test::TempDir("fields");
+  ASSERT_FALSE(dir.empty());
   {
     std::ifstream in(ST_SOURCE_DIR "/data/tiny_instruct/train.jsonl");
     std::ofstream out(dir + "/renamed.jsonl");
@@ -425,9 +418,8 @@ TEST(Finetune, DatasetFieldFlagsNameTheFields) {
 // --model-id org/name: a model in the huggingface_hub cache is found (offline, no server needed;
 // tests/test_hub.cpp covers downloading against a local imitation of the hub).
 TEST(Finetune, HubIdResolvesThroughTheCache) {
-  char tmpl[] = "/tmp/st_hubid_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, bin = ST_BINARY, data = kSmallData;
+  const std::string dir = test::TempDir("hubid"), bin = ST_BINARY, data = kSmallData;
+  ASSERT_FALSE(dir.empty());
   std::string out;
   const std::string ckpt = TinyCheckpoint(dir, "h", &out);
   ASSERT_FALSE(ckpt.empty()) << out;

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -46,6 +48,12 @@ inline double Dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
   return s;
+}
+
+// A fresh directory /tmp/st_<tag>_XXXXXX ("" if it cannot be made).
+inline std::string TempDir(const std::string& tag) {
+  std::string tmpl = "/tmp/st_" + tag + "_XXXXXX";
+  return mkdtemp(tmpl.data()) ? tmpl : "";
 }
 
 struct Ran {

@@ -73,9 +73,9 @@ void RunRecorder::OnStart(const RunInfo& run) {
   // On --resume, keep the history up to the checkpoint the run continues from and rewrite the
   // file with it, so that metrics.jsonl holds each step once.
   const MetricsLog old = ReadMetricsLog(run.run_dir);
-  const int64_t resumed_step = std::max(run.resumed_step, run.first_epoch * run.steps_per_epoch);
   for (const auto& s : old.steps)
-    if (resumed_step > 0 && s.value("step", int64_t{0}) <= resumed_step) steps_.push_back(s);
+    if (run.resumed_step > 0 && s.value("step", int64_t{0}) <= run.resumed_step)
+      steps_.push_back(s);
   for (const auto& e : old.epochs)
     if (e.value("epoch", int64_t{0}) <= run.first_epoch) epochs_.push_back(e);
   jsonl_.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::trunc);
