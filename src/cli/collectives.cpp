@@ -27,6 +27,7 @@ struct CollectivesArgs {
   int64_t hidden_dim = 128;
   int timeout_ms = 60000;
   int corrupt_rank = -1;  // hidden: this rank reports a wrong all_reduce result (tests)
+  int threads = 0;        // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
 };
 
 // Python's repr of a float for the values this job prints (integral values keep ".0").
@@ -152,6 +153,7 @@ Status RunEmbedded(const CollectivesArgs& a, const launch::Topology& topo, int* 
                                             std::to_string(a.corrupt_rank)};
   launch::LocalSliceOptions o;
   o.collective_timeout_ms = a.timeout_ms;
+  o.threads = a.threads;
   return launch::RunLocalSlice(topo, command, o, exit_code);
 }
 
@@ -171,6 +173,9 @@ void RegisterCollectivesCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective (local workers)")
       ->capture_default_str();
+  cmd->add_option("--threads", a->threads,
+                  "Compute threads per local worker (default: $OMP_NUM_THREADS, else the usable "
+                  "CPUs / workers)");
   cmd->add_option("--corrupt-rank", a->corrupt_rank, "")->group("");  // hidden, for tests
   cmd->callback([&ctx, a] {
     int code = 0;
@@ -189,6 +194,8 @@ void RegisterCollectivesCommand(CLI::App& app, Context& ctx) {
                                       " GiB per worker; the limit is 16 GiB"));
       ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
                           launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
+      if (a->threads < 0) return InvalidArgument("--threads must be >= 0");
+      if (a->threads == 0) a->threads = env.threads;
       if (!env.is_worker()) return RunEmbedded(*a, topo, &code);
       return RunWorker(*a, env, topo);
     }();

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "dist/socket.h"
 #include "launch/cluster_env.h"
+#include "launch/resources.h"
 #include "launch/supervisor.h"
 #include "launch/worker.h"
 
@@ -21,13 +22,14 @@ struct LaunchArgs {
   int grace_ms = 3000;
   int max_failures = 0;
   bool dry_run = false;
+  int threads = 0;  // compute threads per worker; 0 = OMP_NUM_THREADS, else usable CPUs / nproc
   std::vector<std::string> command;
 };
 
 // `--dry-run`: what this host would start, as one JSON object on stdout (no process is started, no
 // name is resolved). Deployment tests feed a pod's environment to it; users check a job spec with
 // it.
-void PrintDryRun(const launch::ClusterEnv& env, int nproc,
+void PrintDryRun(const launch::ClusterEnv& env, int nproc, int threads,
                  const std::vector<std::string>& command) {
   nlohmann::json j;
   j["source"] = env.source;
@@ -47,6 +49,8 @@ void PrintDryRun(const launch::ClusterEnv& env, int nproc,
   j["tpu_name"] = env.tpu_name;
   j["tpu_topology"] = env.tpu_topology;
   j["collective_timeout_ms"] = env.collective_timeout_ms;
+  j["threads_per_worker"] = threads;
+  j["cpus"] = launch::ReadCpuBudget().Describe();
   j["command"] = command;
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
@@ -66,8 +70,11 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
           "a multi-host launch needs SLICETRAIN_SECRET set to the same value on every host");
     secret = launch::NewSecret();
   }
+  if (a.threads < 0) return InvalidArgument("--threads must be >= 0 (0: derived from the CPUs)");
+  const int threads = launch::ThreadsPerWorker(launch::ReadCpuBudget(), nproc,
+                                               a.threads > 0 ? a.threads : env.threads);
   if (a.dry_run) {
-    PrintDryRun(env, nproc, a.command);
+    PrintDryRun(env, nproc, threads, a.command);
     return Status::Ok();
   }
   std::string host_ip = env.host_ip;
@@ -91,6 +98,7 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   plan.secret = secret;
   plan.host_ip = host_ip;
   plan.collective_timeout_ms = env.collective_timeout_ms;
+  plan.threads = threads;
   launch::SupervisorOptions so;
   so.grace = std::chrono::milliseconds(a.grace_ms);
   // A restarted group meets again at the rendezvous: rank 0's host serves the store anew on the
@@ -132,6 +140,10 @@ void RegisterLaunchCommand(CLI::App& app, Context& ctx) {
                   "Restart this host's workers after a lost worker or a collective timeout, at "
                   "most this many times (they get SLICETRAIN_RESTART_ATTEMPT)")
       ->capture_default_str();
+  cmd->add_option("--threads", a->threads,
+                  "Compute threads per worker (default: $OMP_NUM_THREADS, else the CPUs this "
+                  "host lets the job use, from the affinity mask and cgroup quota, / "
+                  "--nproc-per-node)");
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the resolved host layout and ranks as JSON and start nothing");
   cmd->add_option("command", a->command, "-- <subcommand args> run by every worker")->required();

@@ -24,7 +24,7 @@ struct StepOptions {
 Status RunStep(const StepOptions& o) {
   if (o.batch < 1 || o.seq < 2 || o.steps < 1)
     return InvalidArgument("--batch-size must be >= 1, --seq-len >= 2 and --steps >= 1");
-  if (o.threads > 0) cpu::SetNumThreads(o.threads);
+  ST_RETURN_IF_ERROR(SetProcessThreads(o.threads));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const Gemma4Config& c = m.config;
   Gemma4Engine engine(c, o.batch, o.seq);
@@ -60,7 +60,8 @@ void RegisterStepCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--batch-size", o->batch, "Sequences per step")->capture_default_str();
   cmd->add_option("--seq-len", o->seq, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--steps", o->steps, "Steps to run")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Compute threads (0: OpenMP default)")
+  cmd->add_option("--threads", o->threads,
+                  "Compute threads (0: $OMP_NUM_THREADS, else the CPUs this process may use)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed for the preset's initialisation and the batches")
       ->capture_default_str();

@@ -102,6 +102,8 @@ StatusOr<ClusterEnv> DetectClusterEnv(const EnvMap& env, const LaunchFlags& flag
   if (const std::string* s = Find(env, "TORCH_TPU_TOPOLOGY")) c.tpu_topology = *s;
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_TIMEOUT_MS", &c.collective_timeout_ms));
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_RESTART_ATTEMPT", &c.restart_attempt));
+  ST_RETURN_IF_ERROR(ReadInt(env, "OMP_NUM_THREADS", &c.threads));
+  ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_THREADS", &c.threads));
 
   // Lowest precedence first; each later source overrides what it sets.
   // 1. Kubernetes Indexed Job / JobSet: the pod's index is the node rank.

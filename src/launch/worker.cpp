@@ -8,6 +8,7 @@
 #include "dist/gloo_process_group.h"
 #include "dist/socket.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "launch/resources.h"
 
 namespace st::launch {
 
@@ -16,8 +17,9 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   std::unique_ptr<Worker> w(new Worker());
   w->env_ = env;
   detail::CheckContext() = StrCat("rank ", env.rank, ", ");
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu::SetNumThreads(std::max(1, cores / std::max(1, env.local_world_size)));
+  // Threads: what the spawner (or the user) asked for, else the CPUs this process may use
+  // (affinity mask, cgroup quota) divided among the host's workers.
+  cpu::SetNumThreads(ThreadsPerWorker(ReadCpuBudget(), env.local_world_size, env.threads));
   if (!env.host_ip.empty()) {
     w->host_ip_ = env.host_ip;
   } else {
@@ -127,7 +129,9 @@ std::vector<WorkerSpec> PlanLocalWorkers(const LocalPlan& p) {
              {"SLICETRAIN_SECRET", p.secret},
              {"SLICETRAIN_HOST_IP", p.host_ip},
              {"SLICETRAIN_TIMEOUT_MS", std::to_string(p.collective_timeout_ms)},
-             {"OMP_NUM_THREADS", "1"}};
+             // The same count for OpenMP's initial teams as SetNumThreads gives the compute.
+             {"SLICETRAIN_THREADS", std::to_string(p.threads)},
+             {"OMP_NUM_THREADS", std::to_string(p.threads)}};
     out.push_back(std::move(w));
   }
   return out;
@@ -147,6 +151,8 @@ Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& comma
   plan.secret = NewSecret();
   plan.host_ip = "127.0.0.1";
   plan.collective_timeout_ms = opts.collective_timeout_ms;
+  // Every worker of the slice runs on this machine, whatever hosts the topology simulates.
+  plan.threads = ThreadsPerWorker(ReadCpuBudget(), plan.count, opts.threads);
   SupervisorOptions so;
   so.prefix_stdout = opts.prefix_stdout;
   SupervisorResult r =

@@ -64,6 +64,7 @@ struct LocalPlan {
   std::string secret;
   std::string host_ip = "127.0.0.1";
   int collective_timeout_ms = 60000;
+  int threads = 1;  // compute threads of each worker (SLICETRAIN_THREADS, OMP_NUM_THREADS)
 };
 std::vector<WorkerSpec> PlanLocalWorkers(const LocalPlan& plan);
 
@@ -75,6 +76,7 @@ struct LocalSliceOptions {
   int collective_timeout_ms = 60000;
   bool prefix_stdout = false;
   int max_failures = 0;  // restarts of the whole slice after a restartable failure
+  int threads = 0;       // compute threads per worker (--threads); 0 = usable CPUs / workers
   std::function<void(int attempt, const SupervisorResult& failure)> on_restart;
 };
 Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& command,

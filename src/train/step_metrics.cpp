@@ -8,6 +8,8 @@
 #include <cmath>
 #include <fstream>
 
+#include "kernels/cpu/ops_cpu.h"
+
 namespace st {
 
 namespace {
@@ -51,22 +53,25 @@ WorkerSample WorkerSample::Unpack(const float* f) {
 
 StatusOr<std::vector<WorkerInfo>> GatherWorkerInfo(dist::ProcessGroup& pg,
                                                    const dist::CollectiveOptions& opts) {
-  // [pid, hostname chars, address chars]: pids stay below 2^22 (pid_max), exact as floats.
-  constexpr int kN = 1 + kHostChars + kAddrChars;
+  // [pid, threads, hostname chars, address chars]: pids stay below 2^22 (pid_max), exact as
+  // floats.
+  constexpr int kN = 2 + kHostChars + kAddrChars;
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   std::vector<float> mine(kN), all(static_cast<size_t>(kN) * pg.size());
   mine[0] = static_cast<float>(::getpid());
-  PutText(host, mine.data() + 1, kHostChars);
-  PutText(pg.host(), mine.data() + 1 + kHostChars, kAddrChars);
+  mine[1] = static_cast<float>(cpu::NumThreads());
+  PutText(host, mine.data() + 2, kHostChars);
+  PutText(pg.host(), mine.data() + 2 + kHostChars, kAddrChars);
   ST_RETURN_IF_ERROR(pg.AllGather(mine.data(), all.data(), kN, DType::kF32, opts));
   std::vector<WorkerInfo> out(pg.size());
   for (int r = 0; r < pg.size(); ++r) {
     const float* f = all.data() + static_cast<size_t>(r) * kN;
     out[r].rank = r;
     out[r].pid = static_cast<int64_t>(f[0]);
-    out[r].hostname = GetText(f + 1, kHostChars);
-    out[r].address = GetText(f + 1 + kHostChars, kAddrChars);
+    out[r].threads = static_cast<int>(f[1]);
+    out[r].hostname = GetText(f + 2, kHostChars);
+    out[r].address = GetText(f + 2 + kHostChars, kAddrChars);
   }
   return out;
 }
@@ -139,7 +144,11 @@ StepMetrics SummariseStep(std::vector<WorkerSample> samples, double loss, double
 }
 
 nlohmann::json ToJson(const WorkerInfo& w) {
-  return {{"rank", w.rank}, {"hostname", w.hostname}, {"address", w.address}, {"pid", w.pid}};
+  return {{"rank", w.rank},
+          {"hostname", w.hostname},
+          {"address", w.address},
+          {"pid", w.pid},
+          {"threads", w.threads}};
 }
 
 nlohmann::json ToJson(const StepMetrics& s) {

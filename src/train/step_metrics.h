@@ -21,6 +21,7 @@ struct WorkerInfo {
   std::string hostname;  // gethostname()
   std::string address;   // the process group's address of the rank
   int64_t pid = 0;
+  int threads = 0;  // the compute threads the rank runs (OpenMP / BLAS)
 };
 
 // What one rank measured in one step; travels as kFloats floats.
