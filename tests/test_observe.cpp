@@ -403,6 +403,97 @@ TEST(Runs, ListsRunsWithCheckpointsAndBestScores) {
   fs::remove_all(storage);
 }
 
+// A run directory whose run.json says "running" with the given process and heartbeat fields.
+std::string RunningRunJson(const std::string& storage, const std::string& name,
+                           const nlohmann::json& fields) {
+  const fs::path dir = fs::path(storage) / name;
+  fs::create_directories(dir);
+  nlohmann::json run = {{"name", name}, {"status", "running"}, {"start_time", 1.0}};
+  run.update(fields);
+  std::ofstream(dir / "run.json") << run.dump();
+  return dir.string();
+}
+
+std::string ThisHost() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+TEST(Runs, RunningNeedsTheSameLiveProcessOrAFreshHeartbeat) {
+  const std::string storage = test::TempDir("observe_alive");
+  const int64_t me = getpid(), ticks = observe::ProcessStartTicks(me);
+  ASSERT_GT(ticks, 0);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // A zombie: a child that exited and is not reaped yet still answers kill(pid, 0).
+  const pid_t zombie = fork();
+  if (zombie == 0) _exit(0);
+  ASSERT_GT(zombie, 0);
+  for (int i = 0; i < 200 && observe::ProcessStartTicks(zombie) != -1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(observe::ProcessStartTicks(zombie), -1);
+
+  struct Case {
+    const char* name;
+    nlohmann::json fields;
+    const char* status;
+  } cases[] = {
+      {"alive", {{"hostname", ThisHost()}, {"pid", me}, {"pid_start", ticks}}, "running"},
+      {"pid_reused",
+       {{"hostname", ThisHost()}, {"pid", me}, {"pid_start", ticks + 1}},
+       "interrupted"},
+      {"zombie", {{"hostname", ThisHost()}, {"pid", zombie}}, "interrupted"},
+      {"gone", {{"hostname", ThisHost()}, {"pid", 4194304 + 7}}, "interrupted"},
+      {"remote_fresh",
+       {{"hostname", "elsewhere-host"}, {"pid", 1}, {"heartbeat_time", now - 5}},
+       "running"},
+      {"remote_stale",
+       {{"hostname", "elsewhere-host"},
+        {"pid", 1},
+        {"heartbeat_time", now - observe::kHeartbeatStaleSeconds - 30}},
+       "interrupted"},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(observe::ReadRun(RunningRunJson(storage, c.name, c.fields)).status, c.status)
+        << c.name;
+  waitpid(zombie, nullptr, 0);
+  fs::remove_all(storage);
+}
+
+TEST(Recorder, HeartbeatAndProcessIdentityInRunJson) {
+  const std::string storage = test::TempDir("observe_beat");
+  observe::RunRecorder rec;
+  rec.OnStart(TestRun(storage, "r"));
+  const auto run = nlohmann::json::parse(ReadFile(fs::path(storage) / "r" / "run.json"));
+  EXPECT_EQ(run["pid"], getpid());
+  EXPECT_EQ(run["pid_start"], observe::ProcessStartTicks(getpid()));
+  EXPECT_GT(run["heartbeat_time"].get<double>(), 0);
+  EXPECT_EQ(observe::ReadRun((fs::path(storage) / "r").string()).status, "running");
+  rec.Finish(Status::Ok());  // stops the heartbeat thread at once
+  EXPECT_EQ(observe::ReadRun((fs::path(storage) / "r").string()).status, "finished");
+  fs::remove_all(storage);
+}
+
+// Rank 0 keeps only the newest steps in memory (flat memory however long the run); older ones
+// are served from metrics.jsonl, so the dashboard still gets every step.
+TEST(Recorder, OldStepsComeFromTheFileNotFromMemory) {
+  const std::string storage = test::TempDir("observe_ring");
+  observe::RunRecorder rec;
+  rec.OnStart(TestRun(storage, "r"));
+  const int64_t n = 1000;
+  for (int64_t s = 1; s <= n; ++s) rec.OnStep(TestStep(s, 1.0));
+  for (int64_t since : {int64_t{0}, int64_t{10}, n - 300, n - 5, n}) {
+    const auto all = rec.MetricsJson(since)["steps"];
+    ASSERT_EQ(static_cast<int64_t>(all.size()), n - since) << since;
+    for (size_t i = 0; i < all.size(); ++i)
+      ASSERT_EQ(all[i]["step"], since + 1 + static_cast<int64_t>(i)) << since;
+    EXPECT_EQ(static_cast<int64_t>(rec.Since(since, 0)["steps"].size()), n - since) << since;
+  }
+  rec.Finish(Status::Ok());
+  fs::remove_all(storage);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dashboard
 
@@ -424,7 +515,7 @@ bool IsLoopbackHex(const std::string& a) {
 
 TEST(Dashboard, ServesStoredRunsOnLoopback) {
   const std::string storage = StorageFixture();
-  auto d = observe::Dashboard::Start({"127.0.0.1", 0, storage}, nullptr);
+  auto d = observe::Dashboard::Start({"127.0.0.1", 0, storage, ""}, nullptr);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   const int port = (*d)->port();
   ASSERT_GT(port, 0);
@@ -467,10 +558,72 @@ TEST(Dashboard, ServesStoredRunsOnLoopback) {
   fs::remove_all(storage);
 }
 
+TEST(Dashboard, BeyondLoopbackEveryRequestNeedsTheToken) {
+  EXPECT_TRUE(observe::IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(observe::IsLoopbackHost("localhost"));
+  EXPECT_TRUE(observe::IsLoopbackHost("::1"));
+  EXPECT_FALSE(observe::IsLoopbackHost("0.0.0.0"));
+  EXPECT_FALSE(observe::IsLoopbackHost("10.1.2.3"));
+  EXPECT_EQ(observe::DashboardToken("127.0.0.1", ""), "");
+  EXPECT_EQ(observe::DashboardToken("127.0.0.1", "mine"), "mine");  // asked for: kept
+  const std::string generated = observe::DashboardToken("0.0.0.0", "");
+  EXPECT_EQ(generated.size(), 48u);
+  EXPECT_NE(generated, observe::DashboardToken("0.0.0.0", ""));
+
+  const std::string storage = StorageFixture();
+  auto refused = observe::Dashboard::Start({"0.0.0.0", 0, storage, ""}, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("SLICETRAIN_DASHBOARD_TOKEN"), std::string::npos);
+
+  const std::string token = "s3cret-token";
+  auto d = observe::Dashboard::Start({"0.0.0.0", 0, storage, token}, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const int port = (*d)->port();
+  EXPECT_EQ((*d)->url().find(token), std::string::npos) << "url() is what run.json records";
+  EXPECT_NE((*d)->login_url().find("?token=" + token), std::string::npos);
+  httplib::Client c("127.0.0.1", port);
+  for (const char* path : {"/", "/api/jobs", "/api/cluster", "/api/metrics", "/events", "/metrics",
+                           "/?token=wrong", "/api/jobs?token=s3cret-toke"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 403) << path;
+    EXPECT_EQ(r->body.find("new_run"), std::string::npos) << path;
+  }
+  auto login = c.Get("/?token=" + token);
+  ASSERT_TRUE(login);
+  EXPECT_EQ(login->status, 200);
+  const std::string cookie = login->get_header_value("Set-Cookie");
+  EXPECT_NE(cookie.find("HttpOnly"), std::string::npos) << cookie;
+  // The page's own requests carry the cookie; scrapers and scripts send the header.
+  auto with_cookie = c.Get("/api/jobs", {{"Cookie", cookie.substr(0, cookie.find(';'))}});
+  ASSERT_TRUE(with_cookie);
+  EXPECT_EQ(with_cookie->status, 200);
+  EXPECT_NE(with_cookie->body.find("new_run"), std::string::npos);
+  auto bearer = c.Get("/metrics", {{"Authorization", "Bearer " + token}});
+  ASSERT_TRUE(bearer);
+  EXPECT_EQ(bearer->status, 200);
+  auto wrong_cookie =
+      c.Get("/api/jobs", {{"Cookie", "slicetrain_token_" + std::to_string(port) + "=nope"}});
+  ASSERT_TRUE(wrong_cookie);
+  EXPECT_EQ(wrong_cookie->status, 403);
+  d->reset();
+
+  // On loopback nothing is asked.
+  auto open = observe::Dashboard::Start({"127.0.0.1", 0, storage, ""}, nullptr);
+  ASSERT_TRUE(open.ok());
+  httplib::Client o("127.0.0.1", (*open)->port());
+  auto jobs = o.Get("/api/jobs");
+  ASSERT_TRUE(jobs);
+  EXPECT_EQ(jobs->status, 200);
+  open->reset();
+  fs::remove_all(storage);
+}
+
 TEST(Dashboard, BusyPortIsAnErrorNotACrash) {
-  auto first = observe::Dashboard::Start({"127.0.0.1", 0, "/nonexistent"}, nullptr);
+  auto first = observe::Dashboard::Start({"127.0.0.1", 0, "/nonexistent", ""}, nullptr);
   ASSERT_TRUE(first.ok());
-  auto second = observe::Dashboard::Start({"127.0.0.1", (*first)->port(), "/nonexistent"}, nullptr);
+  auto second =
+      observe::Dashboard::Start({"127.0.0.1", (*first)->port(), "/nonexistent", ""}, nullptr);
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("--dashboard-port"), std::string::npos);
 }
@@ -480,7 +633,7 @@ TEST(Dashboard, EventStreamDeliversStepsLiveAndEndsWithTheRun) {
   observe::RunRecorder rec;
   rec.OnStart(TestRun(storage, "live"));
   rec.OnStep(TestStep(1, 3));
-  auto d = observe::Dashboard::Start({"127.0.0.1", 0, storage}, &rec);
+  auto d = observe::Dashboard::Start({"127.0.0.1", 0, storage, ""}, &rec);
   ASSERT_TRUE(d.ok());
   std::mutex mu;
   std::string received;
@@ -770,7 +923,7 @@ TEST(ObserveE2E, LiveFinetuneDashboardEndpointsAndBrowser) {
 
 TEST(ObserveE2E, BusyDashboardPortOnlyWarns) {
   const std::string dir = test::TempDir("observe_busy");
-  auto taken = observe::Dashboard::Start({"127.0.0.1", 0, dir}, nullptr);
+  auto taken = observe::Dashboard::Start({"127.0.0.1", 0, dir, ""}, nullptr);
   ASSERT_TRUE(taken.ok());
   Child run(
       {ST_BINARY,         "finetune",   "--data-dir",       ST_SOURCE_DIR "/data",

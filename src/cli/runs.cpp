@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "cli/commands.h"
+#include "launch/cluster_env.h"
 #include "observe/dashboard.h"
 
 namespace st::cli {
@@ -32,8 +33,11 @@ Status ServeStored(const std::string& storage, const std::string& host, int port
   o.host = host;
   o.port = port;
   o.storage_path = storage;
+  o.token =
+      observe::DashboardToken(host, launch::ReadProcessEnvironment()["SLICETRAIN_DASHBOARD_TOKEN"]);
   ST_ASSIGN_OR_RETURN(auto dash, observe::Dashboard::Start(o, nullptr));
-  std::printf("Dashboard: %s (runs in %s; Ctrl-C to stop)\n", dash->url().c_str(), storage.c_str());
+  std::printf("Dashboard: %s (runs in %s; Ctrl-C to stop)\n", dash->login_url().c_str(),
+              storage.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -77,7 +78,51 @@ nlohmann::json StoredCluster(const RunSummary& run) {
           {"workers", workers}};
 }
 
+// Equal strings in time that does not depend on where they differ.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// The value of cookie `name` in a Cookie header ("a=1; b=2"), or "".
+std::string CookieValue(const std::string& header, const std::string& name) {
+  size_t pos = 0;
+  while (pos < header.size()) {
+    size_t end = header.find(';', pos);
+    if (end == std::string::npos) end = header.size();
+    std::string part = header.substr(pos, end - pos);
+    const size_t first = part.find_first_not_of(' ');
+    part = first == std::string::npos ? "" : part.substr(first);
+    if (part.size() > name.size() && part.compare(0, name.size(), name) == 0 &&
+        part[name.size()] == '=')
+      return part.substr(name.size() + 1);
+    pos = end + 1;
+  }
+  return "";
+}
+
 }  // namespace
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+std::string DashboardToken(const std::string& host, const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (IsLoopbackHost(host)) return "";
+  std::ifstream f("/dev/urandom", std::ios::binary);
+  unsigned char b[24] = {};
+  f.read(reinterpret_cast<char*>(b), sizeof(b));
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char c : b) {
+    token += hex[c >> 4];
+    token += hex[c & 15];
+  }
+  return token;
+}
 
 const char* DashboardPage() {
   return kPage;
@@ -85,6 +130,10 @@ const char* DashboardPage() {
 
 StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const DashboardOptions& options,
                                                       const RunRecorder* live) {
+  if (!IsLoopbackHost(options.host) && options.token.empty())
+    return InvalidArgument(StrCat("a dashboard on ", options.host,
+                                  " (beyond loopback) needs a token: set "
+                                  "SLICETRAIN_DASHBOARD_TOKEN or let slicetrain generate one"));
   std::unique_ptr<Dashboard> d(new Dashboard());
   d->options_ = options;
   d->live_ = live;
@@ -135,6 +184,28 @@ std::string Dashboard::url() const {
   return StrCat("http://", host, ":", port_, "/");
 }
 
+std::string Dashboard::login_url() const {
+  return options_.token.empty() ? url() : url() + "?token=" + options_.token;
+}
+
+bool Dashboard::Authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (options_.token.empty()) return true;
+  // Cookies are per host, not per port: one name per dashboard port.
+  const std::string cookie = StrCat("slicetrain_token_", port_);
+  if (req.has_param("token") && SameSecret(req.get_param_value("token"), options_.token)) {
+    // The page's own later requests (fetch, EventSource) carry the cookie instead.
+    res.set_header("Set-Cookie",
+                   StrCat(cookie, "=", options_.token, "; Path=/; HttpOnly; SameSite=Strict"));
+    return true;
+  }
+  if (SameSecret(CookieValue(req.get_header_value("Cookie"), cookie), options_.token)) return true;
+  const std::string auth = req.get_header_value("Authorization");
+  for (const char* scheme : {"Bearer ", "token "})
+    if (auth.rfind(scheme, 0) == 0 && SameSecret(auth.substr(std::strlen(scheme)), options_.token))
+      return true;
+  return false;
+}
+
 void Dashboard::Touch() {
   last_request_ms_ = SteadyMs();
 }
@@ -147,6 +218,17 @@ void Dashboard::WaitUntilIdle(double idle_seconds) const {
 
 void Dashboard::Routes() {
   httplib::Server& s = *server_;
+  // Every route behind the token, when there is one (beyond loopback).
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) return httplib::Server::HandlerResponse::Unhandled;
+    res.status = 403;
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(
+        "403: this slicetrain dashboard needs its token: open the URL with ?token=... that the "
+        "run printed, or send 'Authorization: Bearer <token>' (SLICETRAIN_DASHBOARD_TOKEN)\n",
+        "text/plain; charset=utf-8");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   // Which run a request is about: ?run=NAME (a plain name under the storage path), else the live
   // run, else the newest stored run. Null when there is none.
   auto select = [this](const httplib::Request& req, RunSummary* out, bool* is_live) {

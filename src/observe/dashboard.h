@@ -16,7 +16,9 @@
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace st::observe {
 
@@ -24,7 +26,18 @@ struct DashboardOptions {
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
   int port = 8265;                 // 0: a free port chosen by the system
   std::string storage_path;        // where runs are listed from
+  // Required of every request when not empty (as Jupyter's token): `?token=` (which also sets a
+  // cookie for the page's later requests), the cookie, or `Authorization: Bearer|token <token>`.
+  // Start refuses a host beyond loopback without one.
+  std::string token;
 };
+
+// True for an address only this machine can reach (127.0.0.0/8, ::1, localhost).
+bool IsLoopbackHost(const std::string& host);
+
+// The token of a dashboard on `host`: `configured` (SLICETRAIN_DASHBOARD_TOKEN) when set, else a
+// fresh random one beyond loopback, else none.
+std::string DashboardToken(const std::string& host, const std::string& configured);
 
 class Dashboard {
  public:
@@ -37,8 +50,11 @@ class Dashboard {
   Dashboard& operator=(const Dashboard&) = delete;
 
   int port() const { return port_; }
-  // http://host:port/ (an unspecified host shows as 127.0.0.1).
+  // http://host:port/ (an unspecified host shows as 127.0.0.1), without the token: what is
+  // recorded in run.json.
   std::string url() const;
+  // url() with ?token=... when a token is required: what the user opens (printed once).
+  std::string login_url() const;
   // Blocks until no request has arrived for `idle_seconds` (an open page's event stream counts
   // as a request every few seconds).
   void WaitUntilIdle(double idle_seconds) const;
@@ -47,6 +63,7 @@ class Dashboard {
   Dashboard() = default;
   void Routes();
   void Touch();
+  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
 
   DashboardOptions options_;
   const RunRecorder* live_ = nullptr;

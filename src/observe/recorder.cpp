@@ -73,22 +73,60 @@ void RunRecorder::OnStart(const RunInfo& run) {
   // On --resume, keep the history up to the checkpoint the run continues from and rewrite the
   // file with it, so that metrics.jsonl holds each step once.
   const MetricsLog old = ReadMetricsLog(run.run_dir);
+  jsonl_.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::trunc);
   for (const auto& s : old.steps)
-    if (run.resumed_step > 0 && s.value("step", int64_t{0}) <= run.resumed_step)
-      steps_.push_back(s);
+    if (run.resumed_step > 0 && s.value("step", int64_t{0}) <= run.resumed_step) {
+      jsonl_ << s.dump() << "\n";
+      KeepRecentLocked(s);
+    }
   for (const auto& e : old.epochs)
     if (e.value("epoch", int64_t{0}) <= run.first_epoch) epochs_.push_back(e);
-  jsonl_.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::trunc);
-  for (const auto& s : steps_) jsonl_ << s.dump() << "\n";
   for (const auto& e : epochs_) jsonl_ << e.dump() << "\n";
   jsonl_.flush();
   nlohmann::json workers = nlohmann::json::array();
   for (const WorkerInfo& w : run.workers) workers.push_back(ToJson(w));
   WriteFileAtomically(fs::path(run.run_dir) / "cluster.json",
                       nlohmann::json{{"world_size", run.world_size}, {"workers", workers}}.dump(2));
+  heartbeat_time_ = start_time_;
   WriteRunJsonLocked();
   ++version_;
   changed_.notify_all();
+  if (!heartbeat_.joinable())
+    heartbeat_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!changed_.wait_for(lock, std::chrono::seconds(kHeartbeatSeconds),
+                                [this] { return stop_heartbeat_; })) {
+        heartbeat_time_ = Now();
+        WriteRunJsonLocked();
+      }
+    });
+}
+
+RunRecorder::~RunRecorder() {
+  StopHeartbeat();
+}
+
+void RunRecorder::StopHeartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_heartbeat_ = true;
+  }
+  changed_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void RunRecorder::KeepRecentLocked(nlohmann::json step) {
+  steps_.push_back(std::move(step));
+  while (steps_.size() > kRecentSteps) steps_.pop_front();
+}
+
+std::vector<nlohmann::json> RunRecorder::StepsAfterLocked(int64_t since_step) const {
+  // Older than the recent window: from metrics.jsonl, which holds every step (flushed per step).
+  if (!steps_.empty() && steps_.front().value("step", int64_t{0}) > since_step + 1)
+    return ReadMetricsLog(run_.run_dir, since_step).steps;
+  size_t s = steps_.size();
+  while (s > 0 && steps_[s - 1].value("step", int64_t{0}) > since_step) --s;
+  return {steps_.begin() + static_cast<std::ptrdiff_t>(s), steps_.end()};
 }
 
 void RunRecorder::AppendLocked(const nlohmann::json& record) {
@@ -102,7 +140,7 @@ void RunRecorder::OnStep(const StepMetrics& step) {
   nlohmann::json j = ToJson(step);
   std::lock_guard<std::mutex> lock(mu_);
   AppendLocked(j);
-  steps_.push_back(std::move(j));
+  KeepRecentLocked(std::move(j));
   last_ = step;
   has_last_ = true;
   last_step_time_ = step.unix_time;
@@ -125,6 +163,7 @@ void RunRecorder::OnEpoch(const EpochMetrics& epoch) {
 }
 
 void RunRecorder::Finish(const Status& status) {
+  StopHeartbeat();
   std::lock_guard<std::mutex> lock(mu_);
   status_ = status.ok() ? "finished" : "failed";
   error_ = status.ok() ? "" : status.message();
@@ -180,6 +219,8 @@ nlohmann::json RunRecorder::RunJson() const {
                       {"end_time", end_time_ > 0 ? nlohmann::json(end_time_) : nlohmann::json()},
                       {"hostname", HostName()},
                       {"pid", static_cast<int64_t>(::getpid())},
+                      {"pid_start", ProcessStartTicks(::getpid())},
+                      {"heartbeat_time", heartbeat_time_},
                       {"world_size", run_.world_size},
                       {"num_epochs", run_.num_epochs},
                       {"first_epoch", run_.first_epoch},
@@ -198,9 +239,7 @@ void RunRecorder::WriteRunJsonLocked() {
 
 nlohmann::json RunRecorder::MetricsJson(int64_t since_step) const {
   std::lock_guard<std::mutex> lock(mu_);
-  nlohmann::json steps = nlohmann::json::array(), epochs = nlohmann::json::array();
-  for (const auto& s : steps_)
-    if (s.value("step", int64_t{0}) > since_step) steps.push_back(s);
+  nlohmann::json steps = StepsAfterLocked(since_step), epochs = nlohmann::json::array();
   for (const auto& e : epochs_)
     if (e.value("global_step", int64_t{0}) > since_step) epochs.push_back(e);
   return {{"run", run_.run_name},
@@ -213,11 +252,9 @@ nlohmann::json RunRecorder::MetricsJson(int64_t since_step) const {
 
 nlohmann::json RunRecorder::Since(int64_t since_step, int64_t since_epoch) const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t s = steps_.size(), e = epochs_.size();
-  while (s > 0 && steps_[s - 1].value("step", int64_t{0}) > since_step) --s;
+  size_t e = epochs_.size();
   while (e > 0 && epochs_[e - 1].value("epoch", int64_t{0}) > since_epoch) --e;
-  nlohmann::json steps = nlohmann::json::array(), epochs = nlohmann::json::array();
-  for (; s < steps_.size(); ++s) steps.push_back(steps_[s]);
+  nlohmann::json steps = StepsAfterLocked(since_step), epochs = nlohmann::json::array();
   for (; e < epochs_.size(); ++e) epochs.push_back(epochs_[e]);
   return {{"status", status_}, {"steps", steps}, {"epochs", epochs}};
 }

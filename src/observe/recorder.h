@@ -1,16 +1,18 @@
-// Rank 0's record of a live run: the TrainingObserver that keeps every step and epoch in memory
-// for the dashboard, appends them to <run_dir>/metrics.jsonl (one JSON record per line), and
-// keeps <run_dir>/run.json (flags, status, times) and cluster.json (the ranks) up to date.
+// Rank 0's record of a live run: the TrainingObserver that keeps the recent steps and every epoch
+// in memory for the dashboard, appends them to <run_dir>/metrics.jsonl (one JSON record per line),
+// and keeps <run_dir>/run.json (flags, status, times) and cluster.json (the ranks) up to date.
 // Thread-safe: the trainer writes from its thread, the dashboard reads from its own.
 // Not a server and not a plotter (dashboard.h, plot.h).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/status.h"
@@ -24,6 +26,7 @@ std::string PrometheusLabel(const std::string& value);
 class RunRecorder : public TrainingObserver {
  public:
   RunRecorder() = default;
+  ~RunRecorder() override;  // stops the heartbeat
   RunRecorder(const RunRecorder&) = delete;
   RunRecorder& operator=(const RunRecorder&) = delete;
 
@@ -61,6 +64,9 @@ class RunRecorder : public TrainingObserver {
  private:
   void WriteRunJsonLocked();
   void AppendLocked(const nlohmann::json& record);
+  void KeepRecentLocked(nlohmann::json step);
+  std::vector<nlohmann::json> StepsAfterLocked(int64_t since_step) const;
+  void StopHeartbeat();
 
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
@@ -69,11 +75,21 @@ class RunRecorder : public TrainingObserver {
   RunInfo run_;
   std::string status_ = "starting", error_, dashboard_url_;
   double start_time_ = 0, end_time_ = 0, last_step_time_ = 0;
-  std::vector<nlohmann::json> steps_, epochs_;  // as in metrics.jsonl
+  // The newest kRecentSteps step records (older ones are read back from metrics.jsonl), so rank
+  // 0's memory stays flat however long the run; every epoch record (few).
+  static constexpr size_t kRecentSteps = 256;
+  std::deque<nlohmann::json> steps_;
+  std::vector<nlohmann::json> epochs_;
   bool has_last_ = false;
   StepMetrics last_;
   double tokens_total_ = 0, real_tokens_total_ = 0, comm_mib_total_ = 0, comm_s_total_ = 0;
   std::ofstream jsonl_;
+  // While the run is on, run.json's heartbeat_time is renewed every kHeartbeatSeconds, so that
+  // `slicetrain runs` on another host of a shared storage path tells a lost run from a live one.
+  static constexpr int kHeartbeatSeconds = 10;
+  double heartbeat_time_ = 0;
+  bool stop_heartbeat_ = false;
+  std::thread heartbeat_;
 };
 
 }  // namespace st::observe

@@ -44,6 +44,10 @@ double MTime(const fs::path& p) {
   return static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9;
 }
 
+double Now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::string HostName() {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) return "";
@@ -55,6 +59,23 @@ std::string HostName() {
 bool ProcessAlive(int64_t pid) {
   if (pid <= 0) return false;
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+int64_t ProcessStartTicks(int64_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return 0;
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so parse after the last ')'.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(text.substr(close + 1));
+  std::string field;
+  std::vector<std::string> fields;  // fields[0] is field 3 (state)
+  while (rest >> field) fields.push_back(field);
+  if (fields.size() < 20) return 0;
+  if (fields[0] == "Z" || fields[0] == "X") return -1;
+  return std::strtoll(fields[19].c_str(), nullptr, 10);
 }
 
 std::string FormatTime(double t) {
@@ -95,10 +116,21 @@ RunSummary ReadRun(const std::string& run_dir) {
   r.num_epochs = Get<int64_t>(r.flags, "num_epochs", 0);
   r.score_attribute = Get<std::string>(r.flags, "checkpoint_score_attribute", "loss");
   r.score_order = Get<std::string>(r.flags, "checkpoint_score_order", "min");
-  // A run that says "running" but whose rank-0 process is gone from this host was killed.
-  if (r.status == "running" && Get<std::string>(run, "hostname", "") == HostName() &&
-      !ProcessAlive(Get<int64_t>(run, "pid", 0)))
-    r.status = "interrupted";
+  // A run that says "running" but whose rank-0 process is gone from this host (or is another
+  // process under a reused pid, or a zombie), or whose heartbeat stopped on another host, was
+  // killed or lost its host.
+  if (r.status == "running" || r.status == "starting") {
+    const int64_t pid = Get<int64_t>(run, "pid", 0), ticks = Get<int64_t>(run, "pid_start", 0);
+    bool gone = false;
+    if (Get<std::string>(run, "hostname", "") == HostName()) {
+      const int64_t now_ticks = ProcessStartTicks(pid);
+      gone = !ProcessAlive(pid) || now_ticks < 0 || (ticks > 0 && now_ticks != ticks);
+    } else {
+      const double beat = Get<double>(run, "heartbeat_time", 0);
+      gone = beat > 0 && Now() - beat > kHeartbeatStaleSeconds;
+    }
+    if (gone) r.status = "interrupted";
+  }
 
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(run_dir, ec)) {

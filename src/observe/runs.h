@@ -53,5 +53,12 @@ MetricsLog ReadMetricsLog(const std::string& run_dir, int64_t since_step = 0);
 std::string FormatTime(double unix_seconds);
 // Whether process `pid` exists on this machine (kill(pid, 0)).
 bool ProcessAlive(int64_t pid);
+// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot), 0 when
+// there is no such process, or -1 when it is a zombie (dead, not yet reaped). With the pid it
+// names one process, even after the pid is reused.
+int64_t ProcessStartTicks(int64_t pid);
+// A run whose run.json says "running" is taken as interrupted when rank 0's process (same host)
+// is gone, or (another host) its heartbeat is older than this many seconds.
+constexpr double kHeartbeatStaleSeconds = 60;
 
 }  // namespace st::observe
