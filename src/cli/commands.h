@@ -15,9 +15,17 @@ struct Context {
   int exit_code = 0;
 };
 
-// The bundled data directory: `flag` if set, else $SLICETRAIN_DATA_DIR, else data/ next to the
-// build or the install (share/slicetrain/data), else ./data.
-std::string BundledDataDir(const std::string& flag);
+// The bundled data directory (the default tokenizer and instruction set): `flag` (--data-dir) if
+// set, else $SLICETRAIN_DATA_DIR, else data/ next to the binary, <prefix>/share/slicetrain/data
+// beside an installed binary, or the source tree the binary was built from. NotFound says where
+// it looked and what to set. Works from any working directory.
+StatusOr<std::string> FindBundledData(const std::string& flag);
+// The same for a command that may not need it: "" when it is not found and not `needed`.
+StatusOr<std::string> BundledDataDir(const std::string& flag, bool needed);
+
+// Compute threads of a one-process command (evaluate, step, info): `flag` (--threads) if > 0,
+// else OMP_NUM_THREADS, else the CPUs this process may use (affinity mask, cgroup quota).
+Status SetProcessThreads(int flag);
 
 // Hub settings from the environment (HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_CACHE,
 // HF_HUB_OFFLINE), logging download progress to stderr.

@@ -3,6 +3,7 @@
 // process; how a user checks a checkpoint.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "io/model_loader.h"
@@ -24,17 +25,25 @@ struct EvaluateArgs {
   DatasetOptions dataset = WithSplit("train[:1024]");
   int64_t max_seq_len = 64, batch_size = 8;
   bool json = false;
+  int threads = 0;  // 0 = OMP_NUM_THREADS, else the usable CPUs
 };
 
 Status Run(const EvaluateArgs& a) {
   if (a.max_seq_len < 2 || a.batch_size < 1)
     return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
+  ST_RETURN_IF_ERROR(SetProcessThreads(a.threads));
+  std::error_code ec;
+  ST_ASSIGN_OR_RETURN(
+      const std::string data_dir,
+      BundledDataDir(a.data_dir,
+                     a.dataset.path.empty() ||
+                         (a.tokenizer.empty() && !std::filesystem::is_directory(model_id, ec))));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len));
-  ST_ASSIGN_OR_RETURN(InstructionData data,
-                      LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.max_seq_len,
-                                          BundledDataDir(a.data_dir)));
+  ST_ASSIGN_OR_RETURN(
+      InstructionData data,
+      LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.max_seq_len, data_dir));
   const TokenizedSet& set = data.examples;
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);
   double loss_sum = 0;
@@ -74,7 +83,12 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Sequences per forward pass")
       ->capture_default_str();
-  cmd->add_option("--data-dir", a->data_dir, "Bundled data directory");
+  cmd->add_option("--data-dir", a->data_dir,
+                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
+                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
+  cmd->add_option("--threads", a->threads,
+                  "Compute threads (default: $OMP_NUM_THREADS, else the CPUs this process may "
+                  "use, from its affinity mask and cgroup quota)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([&ctx, a] {
     Status st = Run(*a);

@@ -12,13 +12,16 @@
 #include "io/files.h"
 #include "io/model_loader.h"
 #include "launch/cluster_env.h"
+#include "launch/resources.h"
 #include "launch/topology.h"
 #include "launch/worker.h"
 #include "model/gemma4.h"
+#include "model/params.h"
 #include "observe/dashboard.h"
 #include "observe/plot.h"
 #include "observe/recorder.h"
 #include "train/checkpoint.h"
+#include "train/memory_estimate.h"
 #include "train/trainer.h"
 
 namespace st::cli {
@@ -35,6 +38,7 @@ struct FinetuneArgs {
   int dashboard_port = 8265;  // 0: any free port
   bool no_dashboard = false;
   double dashboard_linger_s = 0;  // after the run, serve until idle this long
+  int threads = 0;  // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
 };
 
 std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
@@ -118,11 +122,13 @@ Status RunRankZero(const FinetuneArgs& a, launch::Worker& worker) {
     d.host = a.dashboard_host;
     d.port = a.dashboard_port;
     d.storage_path = a.o.storage_path.empty() ? "runs" : a.o.storage_path;
+    d.token = observe::DashboardToken(
+        d.host, launch::ReadProcessEnvironment()["SLICETRAIN_DASHBOARD_TOKEN"]);
     auto started = observe::Dashboard::Start(d, &recorder);
     if (started.ok()) {
       dashboard = std::move(*started);
-      recorder.SetDashboardUrl(dashboard->url());
-      std::printf("Dashboard: %s\n", dashboard->url().c_str());
+      recorder.SetDashboardUrl(dashboard->url());  // run.json: never the token
+      std::printf("Dashboard: %s\n", dashboard->login_url().c_str());
     } else {
       std::fprintf(stderr, "slicetrain finetune: warning: %s; training goes on without it\n",
                    started.status().message().c_str());
@@ -173,7 +179,6 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   if (a.num_workers != 0 && a.num_workers != topo.world_size())
     return InvalidArgument(
         StrCat("--num-workers ", a.num_workers, " contradicts ", topo.ToString()));
-  a.o.data_dir = BundledDataDir(a.o.data_dir);
   if (a.o.storage_path.empty()) {
     const char* env = std::getenv("STORAGE_PATH");
     a.o.storage_path = env ? env : "runs";
@@ -181,6 +186,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   if (a.o.resume && a.o.run_name.empty())
     return InvalidArgument("--resume needs --run-name: the name of the run to continue");
   if (a.max_failures < 0) return InvalidArgument("--max-failures must be >= 0");
+  if (a.threads < 0) return InvalidArgument("--threads must be >= 0 (0: derived from the CPUs)");
   ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
                       launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
   if (a.o.run_name.empty()) {
@@ -196,14 +202,31 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
   ST_ASSIGN_OR_RETURN(a.o.model_id, ResolveModelSource(a.o.model_id, HubFromEnvironment()));
   {
-    // A batch the machine cannot hold is a flag error here, before any worker is spawned, not an
-    // allocation failure in each worker. A config that does not load is the workers' to report.
+    // The bundled data is needed for the default data set, and for the tokenizer of a preset.
+    std::error_code ec;
+    const bool needed = a.o.dataset.empty() ||
+                        (a.o.tokenizer.empty() && !std::filesystem::is_directory(a.o.model_id, ec));
+    ST_ASSIGN_OR_RETURN(a.o.data_dir, BundledDataDir(a.o.data_dir, needed));
+  }
+  {
+    // A job whose local workers cannot fit in this host's memory is refused here, before any
+    // worker allocates, with what would make it fit (not killed by the kernel halfway). A
+    // config that does not load is the workers' to report.
     std::error_code ec;
     StatusOr<Gemma4Config> cfg = std::filesystem::is_directory(a.o.model_id, ec)
                                      ? LoadGemma4Config(a.o.model_id + "/config.json")
                                      : PresetConfig(a.o.model_id);
-    if (cfg.ok())
+    const bool checks = !env.is_worker() || env.local_rank == 0;
+    if (cfg.ok() && checks) {
       ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, a.o.batch_size_per_device, a.o.max_seq_len));
+      const ParamRegistry registry = BuildParamRegistry(*cfg);
+      ST_ASSIGN_OR_RETURN(const std::vector<bool> trainable, TrainableMask(registry, a.o.freeze));
+      const WorkerMemoryEstimate estimate = EstimateWorkerMemory(
+          *cfg, registry, trainable, topo.world_size(), a.o.batch_size_per_device, a.o.max_seq_len);
+      const int local = env.is_worker() ? env.local_world_size : topo.world_size();
+      ST_RETURN_IF_ERROR(
+          CheckHostMemory(estimate, local, launch::AvailableMemoryBytes(), a.o.model_id));
+    }
   }
   if (a.o.progress == "auto") a.o.progress = isatty(STDOUT_FILENO) ? "bar" : "lines";
   if (a.o.progress != "bar" && a.o.progress != "lines" && a.o.progress != "off")
@@ -215,6 +238,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     launch::LocalSliceOptions lo;
     lo.collective_timeout_ms = a.timeout_ms;
     lo.max_failures = a.max_failures;
+    lo.threads = a.threads > 0 ? a.threads : env.threads;
     lo.on_restart = [&a](int attempt, const launch::SupervisorResult& failure) {
       std::printf("%s\n",
                   RestartLine(attempt, a.max_failures, failure,
@@ -297,7 +321,8 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--freeze", o.freeze, "Regex of tensor names to freeze (replicated, no gradient)")
       ->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir,
-                  "Bundled data directory (default: found next to the binary)");
+                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
+                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
   cmd->add_option("--checkpoint-score-attribute", o.score_attribute,
                   "Metric that ranks checkpoints: loss, epoch, epoch_time_s, tokens_per_s")
       ->capture_default_str();
@@ -308,6 +333,9 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_flag("--resume", o.resume,
                 "Continue the run --run-name from its latest good checkpoint (same workers)");
+  cmd->add_option("--threads", a->threads,
+                  "Compute threads per local worker (default: $OMP_NUM_THREADS, else the CPUs this "
+                  "process may use, from its affinity mask and cgroup quota, / workers)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")
       ->capture_default_str();
   cmd->add_option("--max-failures", a->max_failures,

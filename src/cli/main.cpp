@@ -2,25 +2,73 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "cli/commands.h"
+#include "core/tensor.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "launch/cluster_env.h"
+#include "launch/resources.h"
 #include "launch/supervisor.h"
 #include "launch/worker.h"
 
 namespace st::cli {
 
-std::string BundledDataDir(const std::string& flag) {
+namespace {
+
+// The data's marker: every bundled data directory holds the default tokenizer.
+bool HoldsBundledData(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(dir / "tokenizer" / "tokenizer.json", ec);
+}
+
+}  // namespace
+
+StatusOr<std::string> FindBundledData(const std::string& flag) {
   namespace fs = std::filesystem;
-  if (!flag.empty()) return flag;
-  if (const char* env = std::getenv("SLICETRAIN_DATA_DIR")) return env;
-  const fs::path exe = fs::path(launch::SelfExecutable()).parent_path();
-  for (const fs::path& p :
-       {exe / ".." / "data", exe / ".." / "share" / "slicetrain" / "data", fs::path("data")}) {
-    std::error_code ec;
-    if (fs::exists(p / "tiny_instruct" / "train.jsonl", ec))
-      return fs::weakly_canonical(p).string();
+  // Asked for by name: that directory or an error, never a silent fallback elsewhere.
+  for (const auto& [what, dir] :
+       {std::pair<std::string, std::string>{"--data-dir", flag},
+        {"SLICETRAIN_DATA_DIR", launch::ReadProcessEnvironment()["SLICETRAIN_DATA_DIR"]}}) {
+    if (dir.empty()) continue;
+    if (!HoldsBundledData(dir))
+      return NotFound(StrCat(what, " ", dir, " holds no bundled data (tokenizer/tokenizer.json)"));
+    return fs::weakly_canonical(dir).string();
   }
-  return "data";
+  const fs::path exe = fs::path(launch::SelfExecutable()).parent_path();
+  std::vector<fs::path> candidates = {exe / "data",  // a build tree or an unpacked archive
+                                      exe / ".." / "share" / "slicetrain" / "data"};  // install
+#ifdef SLICETRAIN_SOURCE_DATA_DIR
+  candidates.emplace_back(SLICETRAIN_SOURCE_DATA_DIR);  // the checkout this binary was built from
+#endif
+  std::string looked;
+  for (const fs::path& p : candidates) {
+    if (HoldsBundledData(p)) return fs::weakly_canonical(p).string();
+    looked += (looked.empty() ? "" : ", ") + fs::weakly_canonical(p).string();
+  }
+  return NotFound(StrCat("the bundled data (tokenizer, tiny_instruct) was not found; looked in ",
+                         looked,
+                         "; set SLICETRAIN_DATA_DIR or --data-dir to the slicetrain data "
+                         "directory, or pass --dataset and --tokenizer"));
+}
+
+StatusOr<std::string> BundledDataDir(const std::string& flag, bool needed) {
+  StatusOr<std::string> found = FindBundledData(flag);
+  if (found.ok() || needed) return found;
+  return std::string();
+}
+
+Status SetProcessThreads(int flag) {
+  if (flag < 0) return InvalidArgument("--threads must be >= 0 (0: derived from the CPUs)");
+  int requested = flag;
+  if (requested == 0) {
+    ST_ASSIGN_OR_RETURN(launch::ClusterEnv env,
+                        launch::DetectClusterEnv(launch::ReadProcessEnvironment()));
+    requested = env.threads;
+  }
+  cpu::SetNumThreads(launch::ThreadsPerWorker(launch::ReadCpuBudget(), 1, requested));
+  return Status::Ok();
 }
 
 HubOptions HubFromEnvironment() {
@@ -68,6 +116,19 @@ int main(int argc, char** argv) {
   st::cli::RegisterDashboardCommand(app, ctx);
   try {
     app.parse(argc, argv);
+  } catch (const std::bad_alloc& e) {
+    // A buffer the machine could not give (st::OutOfMemory names it): a user-facing resource
+    // error, one line and exit 1, never an abort (docs/errors.md).
+    const std::string command = argc > 1 && argv[1][0] != '-' ? argv[1] : "";
+    const bool named = dynamic_cast<const st::OutOfMemory*>(&e) != nullptr;
+    std::fprintf(stderr,
+                 "slicetrain%s%s: error: %s; this process cannot get that much memory (%s): run "
+                 "fewer workers on this host, a smaller --batch-size-per-device or "
+                 "--max-seq-len, or a smaller model (see docs/errors.md)\n",
+                 command.empty() ? "" : " ", command.c_str(),
+                 named ? e.what() : "out of memory (std::bad_alloc)",
+                 st::launch::DescribeAvailableMemory().c_str());
+    return 1;
   } catch (const CLI::ParseError& e) {
     // --help and --version print and exit 0; a bad flag is one error line and exit 2 (argparse's
     // and torchrun's code for a usage error), naming the command and where its flags are listed.

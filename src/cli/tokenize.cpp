@@ -34,7 +34,12 @@ StatusOr<std::vector<int32_t>> ParseIds(const std::string& line) {
 }
 
 Status Run(const TokenizeArgs& a) {
-  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(a.tokenizer));
+  std::string path = a.tokenizer;
+  if (path.empty()) {
+    ST_ASSIGN_OR_RETURN(const std::string data, FindBundledData(""));
+    path = data + "/tokenizer";
+  }
+  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(path));
   std::vector<std::string> inputs;
   if (!a.file.empty()) {
     std::ifstream f(a.file);
@@ -72,9 +77,8 @@ void RegisterTokenizeCommand(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text");
   auto a = std::make_shared<TokenizeArgs>();
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "tokenizer.json, SentencePiece .model, or a directory holding one (e.g. "
-                  "data/tokenizer)")
-      ->required();
+                  "tokenizer.json, SentencePiece .model, or a directory holding one (default: the "
+                  "bundled tokenizer)");
   auto* text = cmd->add_option("--text", a->text, "Text to encode (or ids to decode)");
   auto* file = cmd->add_option("--file", a->file, "File to encode (or decode) line by line");
   text->excludes(file);

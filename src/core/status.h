@@ -20,7 +20,8 @@ enum class StatusCode {
   kIo,               // read/write failure (errno in the message)
   kUnimplemented,    // a valid request this build cannot serve
   kInternal,
-  kUnavailable,  // a peer was lost or did not answer in time: restarting the group may help
+  kUnavailable,        // a peer was lost or did not answer in time: restarting the group may help
+  kResourceExhausted,  // the job needs more memory (or another resource) than the host gives
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -62,6 +63,9 @@ inline Status IoError(std::string m) {
 }
 inline Status Unimplemented(std::string m) {
   return {StatusCode::kUnimplemented, std::move(m)};
+}
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
 }
 inline Status Unavailable(std::string m) {
   return {StatusCode::kUnavailable, std::move(m)};

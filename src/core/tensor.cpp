@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -20,11 +21,21 @@ std::string ShapeString(const Shape& shape) {
   return os.str();
 }
 
-AlignedBuffer::AlignedBuffer(int64_t count) : count_(count) {
+OutOfMemory::OutOfMemory(std::string what, size_t bytes) : bytes_(bytes) {
+  char size[64];
+  std::snprintf(size, sizeof(size), "%zu bytes, %.2f GiB", bytes,
+                static_cast<double>(bytes) / (1 << 30));
+  message_ = "out of memory: cannot allocate " + what + " (" + size + ")";
+}
+
+AlignedBuffer::AlignedBuffer(int64_t count, const char* what) : count_(count) {
   if (count <= 0) return;
   size_t bytes = (static_cast<size_t>(count) * sizeof(float) + 63) / 64 * 64;
   data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
-  ST_CHECK(data_ != nullptr) << "out of memory allocating " << bytes << " bytes";
+  if (data_ == nullptr) {
+    count_ = 0;
+    throw OutOfMemory(what, bytes);
+  }
   std::memset(data_, 0, bytes);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,11 +18,25 @@ using Shape = std::vector<int64_t>;
 int64_t Numel(const Shape& shape);
 std::string ShapeString(const Shape& shape);  // "[2048, 1536]"
 
-// Move-only owner of a 64-byte aligned, zero-initialised float buffer.
+// A failed allocation of a large buffer: which buffer and how many bytes. Thrown like
+// std::bad_alloc (it is one) and turned into one error line by the CLI (docs/errors.md).
+class OutOfMemory : public std::bad_alloc {
+ public:
+  OutOfMemory(std::string what, size_t bytes);
+  const char* what() const noexcept override { return message_.c_str(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::string message_;
+  size_t bytes_;
+};
+
+// Move-only owner of a 64-byte aligned, zero-initialised float buffer. `what` names the buffer
+// in the OutOfMemory thrown when it cannot be had.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  explicit AlignedBuffer(int64_t count);
+  explicit AlignedBuffer(int64_t count, const char* what = "a float buffer");
   ~AlignedBuffer();
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;

@@ -39,7 +39,7 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
                                " parameters but the weight files hold only ", bytes,
                                " bytes; config.json does not match the weights"));
     }
-    m.params = AlignedBuffer(m.registry.layout.total());
+    m.params = AlignedBuffer(m.registry.layout.total(), "the model's fp32 weights");
     ST_ASSIGN_OR_RETURN(LoadReport report,
                         LoadParams(files, m.config, m.registry, m.params.data()));
     m.source = model_id;
@@ -53,7 +53,7 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
   }
   m.config = std::move(preset).value();
   m.registry = BuildParamRegistry(m.config);
-  m.params = AlignedBuffer(m.registry.layout.total());
+  m.params = AlignedBuffer(m.registry.layout.total(), "the model's fp32 weights");
   InitParams(m.config, m.registry, m.params.data(), seed);
   m.source = "preset " + model_id + " (seed " + std::to_string(seed) + ")";
   return m;

@@ -273,7 +273,12 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
           std::string why = WIFEXITED(status)
                                 ? StrCat(who, " exited with code ", WEXITSTATUS(status))
                                 : StrCat(who, " was killed by signal ", WTERMSIG(status), " (",
-                                         strsignal(WTERMSIG(status)), ")");
+                                         strsignal(WTERMSIG(status)), ")",
+                                         WTERMSIG(status) == SIGKILL
+                                             ? "; if nobody sent it, the kernel's out-of-memory "
+                                               "killer did (see dmesg): the job needs more memory "
+                                               "than the host gives"
+                                             : "");
           const bool restartable = !WIFEXITED(status) || WEXITSTATUS(status) == kExitUnavailable;
           // Quote the worker's own one-line error ("slicetrain <cmd>: error: <what>").
           std::string last = c.err.last_line;

@@ -208,7 +208,7 @@ void Gemma4Engine::PlanActivations() {
       g_dk_[i] = g_dk_[cfg_.KvSourceLayer(i)];
       g_dv_[i] = g_dv_[cfg_.KvSourceLayer(i)];
     }
-  acts_ = AlignedBuffer(l.total());
+  acts_ = AlignedBuffer(l.total(), "the activation arena");
 }
 
 ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHooks* hooks) {

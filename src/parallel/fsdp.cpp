@@ -61,8 +61,8 @@ FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::Pr
   replica_.assign(replica_total, 0.0f);
 
   auto size_slot = [&](Slot& s, int64_t full) {
-    s.params = AlignedBuffer(full);
-    s.grads = AlignedBuffer(full);
+    s.params = AlignedBuffer(full, "an FSDP unit's gathered parameters");
+    s.grads = AlignedBuffer(full, "an FSDP unit's gathered gradients");
     if (options_.param_dtype == DType::kBF16) {
       s.send_bf16.resize(full / W);
       s.recv_bf16.resize(full);
