@@ -118,6 +118,14 @@ class JobResult:
         return bool(self.exit_codes) and all(c == 0 for c in self.exit_codes)
 
 
+def resolve_binary(name: str) -> Optional[str]:
+    """The slicetrain executable `name` names on this host: a path as given, else the first match
+    on PATH (an installed slicetrain: the .deb's /usr/bin, or `cmake --install`'s prefix/bin);
+    None when there is none or it is not executable."""
+    exe = name if os.path.sep in name else shutil.which(name)
+    return exe if exe and os.access(exe, os.X_OK) else None
+
+
 def slicetrain_flag(args: Sequence[str], name: str) -> Optional[str]:
     """The value of `--name V` or `--name=V` in slicetrain's own flags (last one wins)."""
     value = None
@@ -260,9 +268,12 @@ class HostRunner:
     def run(self, argv: List[str], env: Dict[str, str]):
         """Yields the launcher's output lines (stdout and stderr, in order), then
         {"exit_code": rc}."""
-        exe = argv[0] if os.path.sep in argv[0] else shutil.which(argv[0])
-        if not exe or not os.access(exe, os.X_OK):
-            yield f"slicetrain_ray: '{argv[0]}' not found or not executable on {socket.gethostname()}"
+        exe = resolve_binary(argv[0])
+        if not exe:
+            yield (
+                f"slicetrain_ray: '{argv[0]}' not found or not executable on {socket.gethostname()}: "
+                "install slicetrain there (the .deb, or cmake --install) or pass --slicetrain-bin"
+            )
             yield {"exit_code": 127}
             return
         full_env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
