@@ -12,7 +12,7 @@ namespace st::cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string tokenizer, text, file;
+  std::string tokenizer, text, file, data_dir;
   bool decode = false, no_special = false, show_tokens = false, skip_special = false;
 };
 
@@ -36,7 +36,7 @@ StatusOr<std::vector<int32_t>> ParseIds(const std::string& line) {
 Status Run(const TokenizeArgs& a) {
   std::string path = a.tokenizer;
   if (path.empty()) {
-    ST_ASSIGN_OR_RETURN(const std::string data, FindBundledData(""));
+    ST_ASSIGN_OR_RETURN(const std::string data, FindBundledData(a.data_dir));
     path = data + "/tokenizer";
   }
   ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(path));
@@ -79,6 +79,9 @@ void RegisterTokenizeCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json, SentencePiece .model, or a directory holding one (default: the "
                   "bundled tokenizer)");
+  cmd->add_option("--data-dir", a->data_dir,
+                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
+                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
   auto* text = cmd->add_option("--text", a->text, "Text to encode (or ids to decode)");
   auto* file = cmd->add_option("--file", a->file, "File to encode (or decode) line by line");
   text->excludes(file);

@@ -1,0 +1,167 @@
+// What the host gives a job, through the binary: the bundled data from any working directory,
+// compute threads that follow the affinity mask and the overrides, memory that a job cannot fit
+// refused up front, a failed allocation as one error line, and worker memory that stays flat
+// across epochs. (Install layouts: tests/install/check_install.sh.)
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "test_util.h"
+
+namespace st {
+namespace {
+
+namespace fs = std::filesystem;
+using test::Ran;
+using test::RunCommand;
+
+const std::string kBin = ST_BINARY;
+
+// The lines of `out` that hold "error:".
+std::vector<std::string> ErrorLines(const std::string& out) {
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  while (pos < out.size()) {
+    size_t end = out.find('\n', pos);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(pos, end - pos);
+    if (line.find("error:") != std::string::npos) lines.push_back(line);
+    pos = end + 1;
+  }
+  return lines;
+}
+
+TEST(BundledData, FoundFromAnyWorkingDirectory) {
+  const Ran r = RunCommand("cd / && " + kBin + " tokenize --text 'hello world'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // A wrong --dataset is reported as such from anywhere, not hidden behind a missing tokenizer.
+  const Ran bad = RunCommand("cd / && timeout 120 " + kBin +
+                             " finetune --no-dashboard --dataset /nonexistent/dolly.jsonl");
+  EXPECT_EQ(bad.code, 1) << bad.out;  // kNotFound (docs/errors.md)
+  ASSERT_EQ(ErrorLines(bad.out).size(), 1u) << bad.out;
+  EXPECT_NE(bad.out.find("/nonexistent/dolly.jsonl"), std::string::npos) << bad.out;
+  EXPECT_EQ(bad.out.find("tokenizer"), std::string::npos) << bad.out;
+}
+
+TEST(BundledData, AnExplicitPlaceMustHoldIt) {
+  for (const std::string& how :
+       {std::string("SLICETRAIN_DATA_DIR=/nonexistent ") + kBin + " tokenize --text hi",
+        kBin + " tokenize --data-dir /tmp --text hi"}) {
+    const Ran r = RunCommand("cd / && " + how);
+    EXPECT_EQ(r.code, 1) << how << "\n" << r.out;
+    ASSERT_EQ(ErrorLines(r.out).size(), 1u) << r.out;
+    EXPECT_NE(r.out.find("holds no bundled data"), std::string::npos) << r.out;
+  }
+  // Pointing at the real data works from anywhere.
+  const Ran ok = RunCommand(std::string("cd / && SLICETRAIN_DATA_DIR=") + ST_SOURCE_DIR + "/data " +
+                            kBin + " tokenize --text hi");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+// The per-rank thread counts a short finetune recorded in cluster.json.
+std::vector<int> WorkerThreads(const std::string& prefix, const std::string& flags) {
+  const std::string storage = test::TempDir("host_threads");
+  const Ran r = RunCommand("cd / && " + prefix + " timeout 300 " + kBin +
+                           " finetune --no-dashboard --num-epochs 1 --dataset-split 'train[:16]' "
+                           "--progress off --storage-path " +
+                           storage + " --run-name t " + flags);
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::vector<int> threads;
+  const auto cluster = nlohmann::json::parse(
+      test::ReadFile(fs::path(storage) / "t" / "cluster.json"), nullptr, false);
+  if (cluster.is_object())
+    for (const auto& w : cluster["workers"]) threads.push_back(w.value("threads", -1));
+  fs::remove_all(storage);
+  return threads;
+}
+
+TEST(Threads, FollowTheAffinityMaskAndTheOverrides) {
+  if (RunCommand("taskset -c 0 true").code != 0) GTEST_SKIP() << "taskset is not available";
+  // One CPU for two workers: one compute thread each (not hardware_concurrency() / 2).
+  EXPECT_EQ(WorkerThreads("taskset -c 0", ""), (std::vector<int>{1, 1}));
+  // One worker alone gets every CPU it may use.
+  const int cpus = std::stoi(RunCommand("nproc").out);
+  EXPECT_EQ(WorkerThreads("", "--topology 1"), (std::vector<int>{cpus}));
+  // Asked for: as asked, by flag or by OMP_NUM_THREADS, whatever the mask.
+  EXPECT_EQ(WorkerThreads("taskset -c 0", "--threads 3"), (std::vector<int>{3, 3}));
+  EXPECT_EQ(WorkerThreads("OMP_NUM_THREADS=2", ""), (std::vector<int>{2, 2}));
+  const Ran step = RunCommand("taskset -c 0 " + kBin + " step --steps 1 --seq-len 16");
+  EXPECT_NE(step.out.find("threads=1 "), std::string::npos) << step.out;
+  const Ran bad = RunCommand(kBin + " finetune --threads -1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+}
+
+TEST(Memory, AJobThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
+  // gemma4-e2b: every worker reads the whole model in fp32 today; 64 of them fit nowhere.
+  const Ran r = RunCommand("timeout 60 " + kBin +
+                           " finetune --no-dashboard --model-id gemma4-e2b --topology 64");
+  EXPECT_EQ(r.code, 1) << r.out;
+  ASSERT_EQ(ErrorLines(r.out).size(), 1u) << r.out;
+  for (const char* part :
+       {"does not fit", "64 local worker(s)", "GiB available", "the whole model in fp32"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  EXPECT_EQ(r.out.find("Starting slicetrain"), std::string::npos) << "no worker may start";
+  EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+}
+
+TEST(Memory, AFailedAllocationNamesTheBufferInOneLine) {
+  try {
+    AlignedBuffer huge(int64_t{1} << 60, "a test buffer");
+    FAIL() << "an exabyte was allocated";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot allocate a test buffer"), std::string::npos);
+    EXPECT_EQ(e.bytes(), size_t{1} << 62);
+  }
+  // Through the CLI: `step` sizes its activation arena from the flags and checks nothing first.
+  const Ran r = RunCommand(kBin + " step --batch-size 100000 --seq-len 100000 --steps 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  ASSERT_EQ(ErrorLines(r.out).size(), 1u) << r.out;
+  EXPECT_NE(r.out.find("cannot allocate the activation arena"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+}
+
+// Per worker RSS after the last step of `epoch` (metrics.jsonl).
+std::vector<double> RssAtEndOfEpoch(const std::string& run_dir, int64_t epoch) {
+  std::vector<double> rss;
+  std::istringstream in(test::ReadFile(fs::path(run_dir) / "metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("type", "") != "step" || j.value("epoch", 0) != epoch) continue;
+    if (j.value("step_in_epoch", 0) != j.value("steps_in_epoch", -1)) continue;
+    for (const auto& w : j["workers"]) rss.push_back(w.value("rss_mib", 0.0));
+  }
+  return rss;
+}
+
+// The first epoch's checkpoint grows the heap once (glibc keeps what the writer freed), and rank
+// 0's window of recent steps (256) fills in the first epoch here (256 steps of 2 x 1 rows); after
+// that every worker's RSS stays where it is, epoch after epoch. Before the window, rank 0 grew by
+// about 4 KB a step without bound (1 MiB over the 256 steps compared here).
+TEST(Memory, WorkerMemoryIsFlatAcrossEpochs) {
+  const std::string storage = test::TempDir("host_flat");
+  const int64_t epochs = 3;
+  const Ran r =
+      RunCommand("timeout 600 " + kBin +
+                 " finetune --no-dashboard --progress off --batch-size-per-device 1 "
+                 "--dataset-split 'train[:512]' --num-epochs " +
+                 std::to_string(epochs) + " --storage-path " + storage + " --run-name flat");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string run = storage + "/flat";
+  const std::vector<double> after2 = RssAtEndOfEpoch(run, 2), last = RssAtEndOfEpoch(run, epochs);
+  ASSERT_EQ(after2.size(), 2u);
+  ASSERT_EQ(last.size(), 2u);
+  for (size_t w = 0; w < 2; ++w)
+    EXPECT_NEAR(last[w], after2[w], 0.25)
+        << "rank " << w << ": " << after2[w] << " MiB after epoch 2, " << last[w]
+        << " MiB after epoch " << epochs << " (256 steps later)";
+  fs::remove_all(storage);
+}
+
+}  // namespace
+}  // namespace st
