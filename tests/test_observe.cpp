@@ -938,6 +938,32 @@ TEST(ObserveE2E, BusyDashboardPortOnlyWarns) {
   fs::remove_all(dir);
 }
 
+// A run's dashboard beyond loopback: the URL it prints carries a fresh token, which run.json
+// and metrics never record; the configured one (SLICETRAIN_DASHBOARD_TOKEN) is used as given.
+TEST(ObserveE2E, DashboardBeyondLoopbackPrintsItsTokenOnce) {
+  const std::string dir = test::TempDir("observe_token");
+  auto run_with = [&](const std::string& name, const std::string& env) {
+    const test::Ran r = test::RunCommand(
+        env + " timeout 300 " ST_BINARY " finetune --dataset-split 'train[:16]' --num-epochs 1 "
+        "--max-seq-len 16 --progress off --dashboard-host 0.0.0.0 --dashboard-port 0 "
+        "--storage-path " + dir + " --run-name " + name);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::smatch m;
+    const std::regex url(R"(Dashboard: http://127\.0\.0\.1:\d+/\?token=([0-9a-zA-Z_-]+)\n)");
+    EXPECT_TRUE(std::regex_search(r.out, m, url)) << r.out;
+    const std::string token = m.size() > 1 ? m[1].str() : "";
+    for (const char* file : {"run.json", "metrics.jsonl", "cluster.json"})
+      EXPECT_EQ(ReadFile(fs::path(dir) / name / file).find(token), std::string::npos) << file;
+    EXPECT_NE(ReadFile(fs::path(dir) / name / "run.json").find("http://127.0.0.1:"),
+              std::string::npos);
+    return token;
+  };
+  const std::string generated = run_with("gen", "");
+  EXPECT_EQ(generated.size(), 48u);
+  EXPECT_EQ(run_with("mine", "SLICETRAIN_DASHBOARD_TOKEN=my-token-123"), "my-token-123");
+  fs::remove_all(dir);
+}
+
 TEST(ObserveE2E, RunsCommandAndStoredDashboard) {
   const std::string storage = StorageFixture();
   {
