@@ -23,6 +23,9 @@ StatusOr<std::string> FindBundledData(const std::string& flag);
 // The same for a command that may not need it: "" when it is not found and not `needed`.
 StatusOr<std::string> BundledDataDir(const std::string& flag, bool needed);
 
+// --data-dir: where the bundled data is, for the commands that use it.
+void AddDataDirOption(CLI::App* cmd, std::string* data_dir);
+
 // Compute threads of a one-process command (evaluate, step, info): `flag` (--threads) if > 0,
 // else OMP_NUM_THREADS, else the CPUs this process may use (affinity mask, cgroup quota).
 Status SetProcessThreads(int flag);

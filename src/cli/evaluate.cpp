@@ -83,9 +83,7 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Sequences per forward pass")
       ->capture_default_str();
-  cmd->add_option("--data-dir", a->data_dir,
-                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
-                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
+  AddDataDirOption(cmd, &a->data_dir);
   cmd->add_option("--threads", a->threads,
                   "Compute threads (default: $OMP_NUM_THREADS, else the CPUs this process may "
                   "use, from its affinity mask and cgroup quota)");

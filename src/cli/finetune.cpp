@@ -320,9 +320,7 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--freeze", o.freeze, "Regex of tensor names to freeze (replicated, no gradient)")
       ->capture_default_str();
-  cmd->add_option("--data-dir", o.data_dir,
-                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
-                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
+  AddDataDirOption(cmd, &o.data_dir);
   cmd->add_option("--checkpoint-score-attribute", o.score_attribute,
                   "Metric that ranks checkpoints: loss, epoch, epoch_time_s, tokens_per_s")
       ->capture_default_str();

@@ -59,6 +59,12 @@ StatusOr<std::string> BundledDataDir(const std::string& flag, bool needed) {
   return std::string();
 }
 
+void AddDataDirOption(CLI::App* cmd, std::string* data_dir) {
+  cmd->add_option("--data-dir", *data_dir,
+                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
+                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
+}
+
 Status SetProcessThreads(int flag) {
   if (flag < 0) return InvalidArgument("--threads must be >= 0 (0: derived from the CPUs)");
   int requested = flag;

@@ -79,9 +79,7 @@ void RegisterTokenizeCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json, SentencePiece .model, or a directory holding one (default: the "
                   "bundled tokenizer)");
-  cmd->add_option("--data-dir", a->data_dir,
-                  "Bundled data directory (default: $SLICETRAIN_DATA_DIR, else found beside the "
-                  "binary, in <prefix>/share/slicetrain/data or the source tree)");
+  AddDataDirOption(cmd, &a->data_dir);
   auto* text = cmd->add_option("--text", a->text, "Text to encode (or ids to decode)");
   auto* file = cmd->add_option("--file", a->file, "File to encode (or decode) line by line");
   text->excludes(file);

@@ -180,10 +180,10 @@ std::string FailureSummary(const SupervisorResult& r, int max_failures) {
   return out;
 }
 
-std::string NewSecret() {
+std::string NewSecret(int bytes) {
   std::ifstream f("/dev/urandom", std::ios::binary);
-  unsigned char b[16] = {};
-  f.read(reinterpret_cast<char*>(b), sizeof(b));
+  std::vector<unsigned char> b(static_cast<size_t>(std::max(1, bytes)));
+  f.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(b.size()));
   static const char* hex = "0123456789abcdef";
   std::string s;
   for (unsigned char c : b) {

@@ -85,8 +85,8 @@ Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& comma
 // One line for a failed group: what failed, what a peer reported, whether restarts ran out.
 std::string FailureSummary(const SupervisorResult& r, int max_failures);
 
-// 32 random hex characters from /dev/urandom.
-std::string NewSecret();
+// 2 x `bytes` random hex characters from /dev/urandom (the job secret, the dashboard token).
+std::string NewSecret(int bytes = 16);
 // This executable's path (/proc/self/exe).
 std::string SelfExecutable();
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "launch/worker.h"
 #include "observe/runs.h"
 
 namespace st::observe {
@@ -112,16 +113,7 @@ bool IsLoopbackHost(const std::string& host) {
 std::string DashboardToken(const std::string& host, const std::string& configured) {
   if (!configured.empty()) return configured;
   if (IsLoopbackHost(host)) return "";
-  std::ifstream f("/dev/urandom", std::ios::binary);
-  unsigned char b[24] = {};
-  f.read(reinterpret_cast<char*>(b), sizeof(b));
-  static const char* hex = "0123456789abcdef";
-  std::string token;
-  for (unsigned char c : b) {
-    token += hex[c >> 4];
-    token += hex[c & 15];
-  }
-  return token;
+  return launch::NewSecret(24);
 }
 
 const char* DashboardPage() {
