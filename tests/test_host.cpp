@@ -3,8 +3,10 @@
 // refused up front, a failed allocation as one error line, and worker memory that stays flat
 // across epochs. (Install layouts: tests/install/check_install.sh.)
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -95,6 +97,65 @@ TEST(Threads, FollowTheAffinityMaskAndTheOverrides) {
   EXPECT_NE(step.out.find("threads=1 "), std::string::npos) << step.out;
   const Ran bad = RunCommand(kBin + " finetune --threads -1");
   EXPECT_EQ(bad.code, 2) << bad.out;
+}
+
+// A CPU quota of one CPU on a cgroup of our own (v1 cpu controller or v2 cpu.max), made and
+// removed by the test; "" where this machine does not let us.
+class QuotaCgroup {
+ public:
+  QuotaCgroup() {
+    const std::string name = "/st_test_quota_" + std::to_string(getpid());
+    if (fs::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) {  // v1 (or hybrid)
+      dir_ = "/sys/fs/cgroup/cpu" + name;
+      if (!Make() || !Write("cpu.cfs_period_us", "100000") || !Write("cpu.cfs_quota_us", "100000"))
+        dir_.clear();
+    } else if (fs::exists("/sys/fs/cgroup/cgroup.controllers")) {  // v2
+      dir_ = "/sys/fs/cgroup" + name;
+      if (!Make() || !Write("cpu.max", "100000 100000")) dir_.clear();
+    }
+  }
+  ~QuotaCgroup() {
+    if (!enter_.empty()) fs::remove(enter_);
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+  // A command prefix (a script) that moves the command into the cgroup, then runs it.
+  std::string Enter() {
+    if (enter_.empty()) {
+      enter_ = dir_ + "_enter.sh";
+      enter_ = "/tmp" + enter_.substr(enter_.rfind('/'));
+      std::ofstream(enter_) << "#!/bin/sh\necho $$ > " << dir_ << "/cgroup.procs && exec \"$@\"\n";
+      fs::permissions(enter_, fs::perms::owner_all);
+    }
+    return enter_;
+  }
+  bool ok() const { return !dir_.empty(); }
+
+ private:
+  bool Make() {
+    std::error_code ec;
+    return fs::create_directory(dir_, ec) && !ec;
+  }
+  bool Write(const std::string& file, const std::string& value) {
+    std::ofstream out(dir_ + "/" + file);
+    out << value << "\n";
+    out.close();
+    return static_cast<bool>(out);
+  }
+  std::string dir_, enter_;
+};
+
+TEST(Threads, FollowTheCgroupCpuQuota) {
+  QuotaCgroup cg;
+  if (!cg.ok()) GTEST_SKIP() << "cannot make a cgroup with a CPU quota here (needs root)";
+  // One worker alone, limited to one CPU's worth of time: one thread, however many CPUs are
+  // online (a pod's CPU limit on a big node).
+  const Ran r = RunCommand(cg.Enter() + " " + kBin + " step --steps 1 --seq-len 16");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("threads=1 "), std::string::npos) << r.out;
+  EXPECT_EQ(WorkerThreads(cg.Enter(), "--topology 1"), (std::vector<int>{1}));
+  const Ran dry =
+      RunCommand(cg.Enter() + " " + kBin + " launch --dry-run --nproc-per-node 1 -- finetune");
+  EXPECT_NE(dry.out.find("cgroup quota 1.00 CPUs"), std::string::npos) << dry.out;
 }
 
 TEST(Memory, AJobThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
