@@ -23,6 +23,8 @@
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/train_state.h"
+#include "train/train_step.h"
 
 namespace st {
 
@@ -232,11 +234,10 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   std::vector<Checkpoint> kept;  // rank 0's view of the run's checkpoints
   std::vector<float> full(m.registry.layout.total());
   std::string final_metrics;
-  int64_t global_step = 0, first_epoch = 0;
-  // A --save-steps checkpoint resumes inside epoch first_epoch + 1: its first `resume_step` steps
-  // are done, and rank 0's loss sum over them continues the epoch's mean.
-  int64_t resume_step = 0;
-  double resume_loss_sum = 0;
+  // Where the run stands; a --save-steps checkpoint resumes inside epoch state.epoch + 1: its
+  // first state.step_in_epoch steps are done, and the loss sum over them continues the epoch's
+  // mean.
+  TrainState state;
   if (o.resume || o.resume_if_any) {
     // Newest first; a checkpoint is used only when every rank could read its shard.
     const auto candidates = ListCheckpoints(run_dir);
@@ -249,22 +250,22 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
         std::fprintf(stderr, "rank %d: checkpoint %s is damaged or incomplete, skipping it: %s\n",
                      rank, point.dir.c_str(), s.message().c_str());
       if (ok < 1.0f) continue;
-      first_epoch = point.epoch;
-      global_step = point.global_step;
-      resume_step = point.step_in_epoch;
+      state.epoch = point.epoch;
+      state.global_step = point.global_step;
+      state.step_in_epoch = point.step_in_epoch;
       if (auto it = point.state.find("epoch_loss_sum"); it != point.state.end() && it->is_number())
-        resume_loss_sum = it->get<double>();
-      if (resume_step >= steps_per_epoch)
-        return InvalidArgument(StrCat(point.dir, " was taken at step ", resume_step,
+        state.epoch_loss_sum = it->get<double>();
+      if (state.step_in_epoch >= steps_per_epoch)
+        return InvalidArgument(StrCat(point.dir, " was taken at step ", state.step_in_epoch,
                                       " of an epoch, but this data set and batch size give ",
                                       steps_per_epoch, " steps per epoch"));
       resumed = true;
       if (rank == 0) {
-        if (resume_step > 0)
+        if (state.step_in_epoch > 0)
           std::printf(
               "Resuming from %s (epoch %lld done and %lld of %lld steps of epoch %lld, "
               "step %lld)\n",
-              point.dir.c_str(), (long long)point.epoch, (long long)resume_step,
+              point.dir.c_str(), (long long)point.epoch, (long long)state.step_in_epoch,
               (long long)steps_per_epoch, (long long)point.epoch + 1, (long long)point.global_step);
         else
           std::printf("Resuming from %s (epoch %lld done, step %lld)\n", point.dir.c_str(),
@@ -287,6 +288,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       for (const CheckpointEntry& point : candidates)
         kept.push_back({point.dir, Score(point.state, o.score_attribute), point.step_in_epoch > 0});
   }
+  const int64_t first_epoch = state.epoch;
   if (first_epoch >= o.num_epochs && rank == 0)
     std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
                 (long long)first_epoch, (long long)o.num_epochs);
@@ -299,21 +301,21 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     info.world_size = world;
     info.num_epochs = o.num_epochs;
     info.first_epoch = first_epoch;
-    info.resumed_step = global_step;
+    info.resumed_step = state.global_step;
     info.steps_per_epoch = steps_per_epoch;
     info.tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     info.trainable_parameters = trainable_parameters;
     info.workers = workers;
     observer->OnStart(info);
   }
-  // Writes a checkpoint of the state after `global_step`: every rank writes its shard into a
+  // Writes a checkpoint of the state after `state.global_step`: every rank writes its shard into a
   // pending directory, rank 0 adds the full model (all-gathered) and commits it with a rename.
   // `step_in_epoch` > 0: a --save-steps checkpoint inside epoch `epochs_done` + 1.
   auto save_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch, double loss_sum,
-                             const std::string& metrics_json, nlohmann::json state) -> Status {
+                             const std::string& metrics_json, nlohmann::json fields) -> Status {
     ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
     const bool inside_epoch = step_in_epoch > 0;
-    const std::string pending = inside_epoch ? PendingStepCheckpointDir(run_dir, global_step)
+    const std::string pending = inside_epoch ? PendingStepCheckpointDir(run_dir, state.global_step)
                                              : PendingCheckpointDir(run_dir, epochs_done + 1);
     if (rank == 0) {
       std::error_code ec;
@@ -322,23 +324,23 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
     }
     ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    ST_RETURN_IF_ERROR(
-        WriteCheckpointShard(pending, fsdp, rank, world, epochs_done + !inside_epoch, global_step));
+    ST_RETURN_IF_ERROR(WriteCheckpointShard(pending, fsdp, rank, world, epochs_done + !inside_epoch,
+                                            state.global_step));
     ST_RETURN_IF_ERROR(pg.Barrier(collective));
     if (rank != 0) return Status::Ok();
     const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
-    state["global_step"] = global_step;
-    state["world_size"] = world;
-    state["seed"] = o.seed;
-    state["model_id"] = o.model_id;
-    state["fsdp_units"] = o.fsdp_units;
-    state["dataset_split"] = o.dataset_split;
+    fields["global_step"] = state.global_step;
+    fields["world_size"] = world;
+    fields["seed"] = o.seed;
+    fields["model_id"] = o.model_id;
+    fields["fsdp_units"] = o.fsdp_units;
+    fields["dataset_split"] = o.dataset_split;
     if (inside_epoch) {
-      state["step_in_epoch"] = step_in_epoch;
-      state["epoch_loss_sum"] = loss_sum;
+      fields["step_in_epoch"] = step_in_epoch;
+      fields["epoch_loss_sum"] = loss_sum;
     }
     ST_RETURN_IF_ERROR(CommitCheckpoint(
-        pending, dir, {&m, full.data(), tokenizer_dir, metrics_json, state.dump(2)}));
+        pending, dir, {&m, full.data(), tokenizer_dir, metrics_json, fields.dump(2)}));
     if (inside_epoch)
       std::printf("Step checkpoint created at: %s (epoch %lld, step %lld of %lld)\n", dir.c_str(),
                   (long long)epochs_done + 1, (long long)step_in_epoch, (long long)steps_per_epoch);
@@ -352,7 +354,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       fs::remove_all(kept[i].path, ec);
       kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    kept.push_back({dir, Score(state, o.score_attribute), inside_epoch});
+    kept.push_back({dir, Score(fields, o.score_attribute), inside_epoch});
     if (inside_epoch) return Status::Ok();
     // Keep the best --num-to-keep by the score (CheckpointConfig(num_to_keep, score attribute,
     // order)), and always the newest, which a resume needs, until a newer one exists.
@@ -370,59 +372,21 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     return Status::Ok();
   };
 
+  const StepParts parts{engine, fsdp, adam, o.max_grad_norm, pg, collective};
   for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto batches =
         EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
     // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time
     // and throughput then cover the steps run since.
-    const int64_t skip = epoch == first_epoch ? resume_step : 0;
-    double loss_total = epoch == first_epoch ? resume_loss_sum : 0;
-    int64_t real_tokens = 0, step_in_epoch = skip;
+    const int64_t skip = state.step_in_epoch;
+    int64_t real_tokens = 0;
     const int64_t tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     for (size_t bi = static_cast<size_t>(skip); bi < batches.size(); ++bi) {
-      const auto& rows = batches[bi];
-      // Step metrics: data / compute / comm-wait split and collective totals, measured here and
-      // in FsdpModel without changing what is computed or the order of collectives.
-      using Clock = std::chrono::steady_clock;
-      const auto s0 = Clock::now();
-      const dist::CollectiveTotals c0 = pg.totals();
-      const double wait0 = fsdp.CommWaitSeconds();
-      TokenBatch tb = Collate(set, rows);
-      std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
-      const Batch b{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T};
-      int64_t batch_real = 0;
-      for (uint8_t v : mask) batch_real += v;
-      real_tokens += batch_real;
-      const auto s1 = Clock::now();
-      fsdp.ZeroGrad();
-      ST_ASSIGN_OR_RETURN(ForwardResult r, fsdp.ForwardBackward(engine, b));
-      double norm = -1, clip_s = 0;  // -1: rank 0 sums the ranks' squares instead
-      if (o.max_grad_norm > 0) {
-        const auto k0 = Clock::now();
-        ST_ASSIGN_OR_RETURN(norm, fsdp.ClipGradNorm(o.max_grad_norm));
-        clip_s = std::chrono::duration<double>(Clock::now() - k0).count();
-      }
-      WorkerSample mine;
-      if (norm < 0)
-        mine.grad_sq = static_cast<float>(SumOfSquares(fsdp.grads(), fsdp.shard_size()));
-      fsdp.OptimizerStep(adam, ++global_step);
-      loss_total += r.Loss();
-      ++step_in_epoch;
-      const auto s2 = Clock::now();
-      const dist::CollectiveTotals c1 = pg.totals();
-      const ProcessMemory mem = ReadProcessMemory();
-      mine.step_s = static_cast<float>(std::chrono::duration<double>(s2 - s0).count());
-      mine.data_s = static_cast<float>(std::chrono::duration<double>(s1 - s0).count());
-      mine.comm_wait_s = static_cast<float>(fsdp.CommWaitSeconds() - wait0 + clip_s);
-      mine.compute_s = std::max(0.0f, mine.step_s - mine.data_s - mine.comm_wait_s);
-      mine.real_tokens = static_cast<float>(batch_real);
-      mine.rss_mib = static_cast<float>(mem.rss_mib);
-      mine.peak_rss_mib = static_cast<float>(mem.peak_mib);
-      mine.comm_mib = static_cast<float>((c1.bytes - c0.bytes) / 1048576.0);
-      mine.comm_s = static_cast<float>(c1.seconds - c0.seconds);
-      // One all_gather of a few floats per step, on every rank, after the optimizer step.
-      ST_ASSIGN_OR_RETURN(std::vector<WorkerSample> samples, GatherSamples(pg, mine, collective));
+      ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, set, batches[bi], state));
+      real_tokens += step.real_tokens;
+      const int64_t step_in_epoch = state.step_in_epoch;
+      const double loss_total = state.epoch_loss_sum;
       if (rank == 0) {
         const double elapsed =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -430,9 +394,9 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
                      static_cast<int64_t>(batches.size()), loss_total / step_in_epoch,
                      tokens_per_step * (step_in_epoch - skip) / elapsed, elapsed);
         if (observer) {
-          StepMetrics sm = SummariseStep(std::move(samples), r.Loss(), adam.lr, norm,
-                                         tokens_per_step, trainable_parameters);
-          sm.step = global_step;
+          StepMetrics sm = SummariseStep(std::move(step.samples), step.loss, adam.lr,
+                                         step.grad_norm, tokens_per_step, trainable_parameters);
+          sm.step = state.global_step;
           sm.epoch = epoch + 1;
           sm.step_in_epoch = step_in_epoch;
           sm.steps_in_epoch = static_cast<int64_t>(batches.size());
@@ -453,7 +417,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     ST_RETURN_IF_ERROR(pg.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective));
     const double epoch_time =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = loss_total / static_cast<double>(batches.size());
+    const double loss = state.epoch_loss_sum / static_cast<double>(batches.size());
     const double tokens_per_s = static_cast<double>(static_cast<int64_t>(batches.size()) - skip) *
                                 o.batch_size_per_device * world * o.max_seq_len / epoch_time;
     char metrics[256];
@@ -469,7 +433,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       if (observer) {
         EpochMetrics em;
         em.epoch = epoch + 1;
-        em.global_step = global_step;
+        em.global_step = state.global_step;
         em.loss = loss;
         em.epoch_time_s = epoch_time;
         em.tokens_per_s = tokens_per_s;
@@ -493,6 +457,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
                                         {"epoch_time_s", epoch_time},
                                         {"tokens_per_s", tokens_per_s}}));
     final_metrics = metrics;
+    state = TrainState{epoch + 1, state.global_step, 0, 0};
   }
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
   // gathered units and the replicated (frozen) tensors.
