@@ -23,6 +23,7 @@
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/checkpointer.h"
 #include "train/train_state.h"
 #include "train/train_step.h"
 
@@ -47,31 +48,6 @@ std::vector<std::vector<int64_t>> EpochBatches(int64_t n, int world, int rank, i
 }
 
 namespace {
-
-std::string TimeStamp() {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d_%H-%M-%S", &tm);
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
-      1000000;
-  return StrCat(buf, ".", std::string(6 - std::to_string(us).size(), '0'), us);
-}
-
-struct Checkpoint {
-  std::string path;
-  double score;
-  bool inside_epoch = false;  // a --save-steps checkpoint: kept only until the next checkpoint
-};
-
-// The checkpoint score: one field of the epoch metrics (CheckpointConfig's score attribute).
-double Score(const nlohmann::json& metrics, const std::string& attribute) {
-  auto it = metrics.find(attribute);
-  return it != metrics.end() && it->is_number() ? it->get<double>() : 0.0;
-}
 
 // Progress of an epoch on rank 0: a bar redrawn in place on a terminal, or a plain line every
 // tenth of the epoch.
@@ -231,62 +207,25 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   ST_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, GatherWorkerInfo(pg, collective));
   const int64_t trainable_parameters = m.registry.layout.total() - frozen;
 
-  std::vector<Checkpoint> kept;  // rank 0's view of the run's checkpoints
-  std::vector<float> full(m.registry.layout.total());
+  CheckpointerOptions co;
+  co.run_dir = run_dir;
+  co.tokenizer_dir = tokenizer_dir;
+  co.steps_per_epoch = steps_per_epoch;
+  co.num_to_keep = o.num_to_keep;
+  co.score_attribute = o.score_attribute;
+  co.lower_is_better = o.score_order == "min";
+  co.run_state = {{"seed", o.seed},
+                  {"model_id", o.model_id},
+                  {"fsdp_units", o.fsdp_units},
+                  {"dataset_split", o.dataset_split}};
+  Checkpointer checkpointer(std::move(co), m, fsdp, pg, collective);
   std::string final_metrics;
   // Where the run stands; a --save-steps checkpoint resumes inside epoch state.epoch + 1: its
   // first state.step_in_epoch steps are done, and the loss sum over them continues the epoch's
   // mean.
   TrainState state;
   if (o.resume || o.resume_if_any) {
-    // Newest first; a checkpoint is used only when every rank could read its shard.
-    const auto candidates = ListCheckpoints(run_dir);
-    bool resumed = false;
-    for (const CheckpointEntry& point : candidates) {
-      Status s = LoadCheckpointShard(point.dir, fsdp, rank, world);
-      float ok = s.ok() ? 1.0f : 0.0f;
-      ST_RETURN_IF_ERROR(pg.AllReduce(&ok, 1, DType::kF32, dist::ReduceOp::kMin, collective));
-      if (!s.ok())
-        std::fprintf(stderr, "rank %d: checkpoint %s is damaged or incomplete, skipping it: %s\n",
-                     rank, point.dir.c_str(), s.message().c_str());
-      if (ok < 1.0f) continue;
-      state.epoch = point.epoch;
-      state.global_step = point.global_step;
-      state.step_in_epoch = point.step_in_epoch;
-      if (auto it = point.state.find("epoch_loss_sum"); it != point.state.end() && it->is_number())
-        state.epoch_loss_sum = it->get<double>();
-      if (state.step_in_epoch >= steps_per_epoch)
-        return InvalidArgument(StrCat(point.dir, " was taken at step ", state.step_in_epoch,
-                                      " of an epoch, but this data set and batch size give ",
-                                      steps_per_epoch, " steps per epoch"));
-      resumed = true;
-      if (rank == 0) {
-        if (state.step_in_epoch > 0)
-          std::printf(
-              "Resuming from %s (epoch %lld done and %lld of %lld steps of epoch %lld, "
-              "step %lld)\n",
-              point.dir.c_str(), (long long)point.epoch, (long long)state.step_in_epoch,
-              (long long)steps_per_epoch, (long long)point.epoch + 1, (long long)point.global_step);
-        else
-          std::printf("Resuming from %s (epoch %lld done, step %lld)\n", point.dir.c_str(),
-                      (long long)point.epoch, (long long)point.global_step);
-        std::fflush(stdout);
-      }
-      break;
-    }
-    if (!resumed && o.resume_if_any && !o.resume) {
-      if (rank == 0) {
-        std::printf("No usable checkpoint of %s yet: starting from the beginning\n",
-                    run_dir.c_str());
-        std::fflush(stdout);
-      }
-    } else if (!resumed) {
-      return NotFound(StrCat("--resume: no usable checkpoint in ", run_dir,
-                             candidates.empty() ? " (none found)" : " (all damaged)"));
-    }
-    if (rank == 0 && resumed)
-      for (const CheckpointEntry& point : candidates)
-        kept.push_back({point.dir, Score(point.state, o.score_attribute), point.step_in_epoch > 0});
+    ST_ASSIGN_OR_RETURN(state, checkpointer.Resume(/*required=*/o.resume));
   }
   const int64_t first_epoch = state.epoch;
   if (first_epoch >= o.num_epochs && rank == 0)
@@ -308,70 +247,6 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     info.workers = workers;
     observer->OnStart(info);
   }
-  // Writes a checkpoint of the state after `state.global_step`: every rank writes its shard into a
-  // pending directory, rank 0 adds the full model (all-gathered) and commits it with a rename.
-  // `step_in_epoch` > 0: a --save-steps checkpoint inside epoch `epochs_done` + 1.
-  auto save_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch, double loss_sum,
-                             const std::string& metrics_json, nlohmann::json fields) -> Status {
-    ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
-    const bool inside_epoch = step_in_epoch > 0;
-    const std::string pending = inside_epoch ? PendingStepCheckpointDir(run_dir, state.global_step)
-                                             : PendingCheckpointDir(run_dir, epochs_done + 1);
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(pending, ec);
-      fs::create_directories(fs::path(pending) / "shards", ec);
-      if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
-    }
-    ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    ST_RETURN_IF_ERROR(WriteCheckpointShard(pending, fsdp, rank, world, epochs_done + !inside_epoch,
-                                            state.global_step));
-    ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    if (rank != 0) return Status::Ok();
-    const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
-    fields["global_step"] = state.global_step;
-    fields["world_size"] = world;
-    fields["seed"] = o.seed;
-    fields["model_id"] = o.model_id;
-    fields["fsdp_units"] = o.fsdp_units;
-    fields["dataset_split"] = o.dataset_split;
-    if (inside_epoch) {
-      fields["step_in_epoch"] = step_in_epoch;
-      fields["epoch_loss_sum"] = loss_sum;
-    }
-    ST_RETURN_IF_ERROR(CommitCheckpoint(
-        pending, dir, {&m, full.data(), tokenizer_dir, metrics_json, fields.dump(2)}));
-    if (inside_epoch)
-      std::printf("Step checkpoint created at: %s (epoch %lld, step %lld of %lld)\n", dir.c_str(),
-                  (long long)epochs_done + 1, (long long)step_in_epoch, (long long)steps_per_epoch);
-    else
-      std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
-    std::fflush(stdout);
-    // A checkpoint inside an epoch is only a restart point: the next checkpoint replaces it.
-    for (size_t i = kept.size(); i-- > 0;) {
-      if (!kept[i].inside_epoch) continue;
-      std::error_code ec;
-      fs::remove_all(kept[i].path, ec);
-      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    kept.push_back({dir, Score(fields, o.score_attribute), inside_epoch});
-    if (inside_epoch) return Status::Ok();
-    // Keep the best --num-to-keep by the score (CheckpointConfig(num_to_keep, score attribute,
-    // order)), and always the newest, which a resume needs, until a newer one exists.
-    const bool lower_is_better = o.score_order == "min";
-    std::stable_sort(kept.begin(), kept.end(), [&](const Checkpoint& a, const Checkpoint& b) {
-      return lower_is_better ? a.score < b.score : a.score > b.score;
-    });
-    const size_t budget = static_cast<size_t>(std::max(1, o.num_to_keep));
-    for (size_t i = kept.size(); i-- > budget;) {
-      if (kept[i].path == dir) continue;  // the newest stays beside the best ones
-      std::error_code ec;
-      fs::remove_all(kept[i].path, ec);
-      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    return Status::Ok();
-  };
-
   const StepParts parts{engine, fsdp, adam, o.max_grad_norm, pg, collective};
   for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -405,12 +280,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
       }
       if (o.save_steps > 0 && step_in_epoch % o.save_steps == 0 &&
           step_in_epoch < static_cast<int64_t>(batches.size())) {
-        const double partial = loss_total / static_cast<double>(step_in_epoch);
-        ST_RETURN_IF_ERROR(save_checkpoint(
-            epoch, step_in_epoch, loss_total,
-            StrCat("{\"epoch\": ", epoch + 1, ", \"step_in_epoch\": ", step_in_epoch,
-                   ", \"loss_so_far\": ", partial, "}"),
-            {{"epoch", epoch}, {"loss_so_far", partial}}));
+        ST_RETURN_IF_ERROR(checkpointer.SaveInsideEpoch(state));
       }
     }
     float real = static_cast<float>(real_tokens);
@@ -430,34 +300,23 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
           (long long)(epoch + 1), (long long)o.num_epochs, loss, epoch_time, tokens_per_s,
           real / epoch_time);
       std::fflush(stdout);
-      if (observer) {
-        EpochMetrics em;
-        em.epoch = epoch + 1;
-        em.global_step = state.global_step;
-        em.loss = loss;
-        em.epoch_time_s = epoch_time;
-        em.tokens_per_s = tokens_per_s;
-        em.real_tokens_per_s = real / epoch_time;
-        em.unix_time =
-            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-        observer->OnEpoch(em);
-      }
     }
-    char json[256];
-    std::snprintf(
-        json, sizeof(json),
-        "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
-        (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
-    // The state holds every score attribute (--checkpoint-score-attribute ranks by it, also
-    // after a resume).
-    ST_RETURN_IF_ERROR(save_checkpoint(epoch, 0, loss, json,
-                                       {{"epoch", epoch + 1},
-                                        {"loss", loss},
-                                        {"epoch_time_s", epoch_time},
-                                        {"tokens_per_s", tokens_per_s}}));
-    final_metrics = metrics;
+    EpochMetrics em;
+    em.epoch = epoch + 1;
+    em.global_step = state.global_step;
+    em.loss = loss;
+    em.epoch_time_s = epoch_time;
+    em.tokens_per_s = tokens_per_s;
+    em.real_tokens_per_s = real / epoch_time;
+    if (rank == 0 && observer) {
+      em.unix_time =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      observer->OnEpoch(em);
+    }
     state = TrainState{epoch + 1, state.global_step, 0, 0};
+    ST_RETURN_IF_ERROR(checkpointer.SaveEpoch(state, em));
+    final_metrics = metrics;
   }
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
   // gathered units and the replicated (frozen) tensors.
@@ -472,7 +331,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
         fsdp.ShardedStateBytes() / 1048576.0, fsdp.ReplicatedBytes() / 1048576.0,
         engine.ActivationBytes() / 1048576.0, rss_mib);
     std::printf("Training completed! Final metrics: %s\n", final_metrics.c_str());
-    std::printf("Saved checkpoint: %s\n", kept.empty() ? "(none)" : kept.front().path.c_str());
+    const std::string best = checkpointer.BestPath();
+    std::printf("Saved checkpoint: %s\n", best.empty() ? "(none)" : best.c_str());
     std::fflush(stdout);
   }
   return Status::Ok();
