@@ -24,6 +24,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
+#include "train/progress.h"
 #include "train/train_state.h"
 #include "train/train_step.h"
 
@@ -46,34 +47,6 @@ std::vector<std::vector<int64_t>> EpochBatches(int64_t n, int world, int rank, i
     out.emplace_back(mine.begin() + s, mine.begin() + s + batch);
   return out;
 }
-
-namespace {
-
-// Progress of an epoch on rank 0: a bar redrawn in place on a terminal, or a plain line every
-// tenth of the epoch.
-void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_t step,
-                  int64_t steps, double loss, double tokens_per_s, double elapsed) {
-  if (mode == "off") return;
-  const double eta = step > 0 ? elapsed / step * (steps - step) : 0.0;
-  const int eta_s = static_cast<int>(eta + 0.5);
-  if (mode == "bar") {
-    const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(1, steps));
-    std::printf("\r  epoch %lld/%lld [%s%s] %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d ",
-                (long long)epoch, (long long)epochs, std::string(filled, '#').c_str(),
-                std::string(width - filled, '.').c_str(), (long long)step, (long long)steps, loss,
-                tokens_per_s, eta_s / 60, eta_s % 60);
-    if (step == steps) std::printf("\r%*s\r", 100, "");
-  } else {
-    const int64_t every = std::max<int64_t>(1, steps / 10);
-    if (step % every != 0 || step == steps) return;
-    std::printf("  epoch %lld/%lld step %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d\n",
-                (long long)epoch, (long long)epochs, (long long)step, (long long)steps, loss,
-                tokens_per_s, eta_s / 60, eta_s % 60);
-  }
-  std::fflush(stdout);
-}
-
-}  // namespace
 
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
@@ -191,16 +164,20 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     if (const int stale = RemoveStalePendingCheckpoints(run_dir); stale > 0)
       std::printf("Removed %d unfinished checkpoint(s) that an interrupted run left in %s\n", stale,
                   run_dir.c_str());
-    std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", world);
-    std::printf(
-        "Data: %s; %lld examples of %lld tokens (%lld truncated); %lld steps per epoch of "
-        "%d x %lld; lr=%g; %.2f M trainable parameters, %.2f M frozen\n",
-        report.Summary().c_str(), (long long)set.size(), (long long)o.max_seq_len,
-        (long long)set.truncated, (long long)steps_per_epoch, world,
-        (long long)o.batch_size_per_device, adam.lr, (m.registry.layout.total() - frozen) / 1e6,
-        frozen / 1e6);
-    std::fflush(stdout);
   }
+  ProgressReporter reporter(rank, o.progress, o.num_epochs, observer);
+  SetupSummary summary;
+  summary.data = report.Summary();
+  summary.examples = set.size();
+  summary.max_seq_len = o.max_seq_len;
+  summary.truncated = set.truncated;
+  summary.steps_per_epoch = steps_per_epoch;
+  summary.world = world;
+  summary.batch_size_per_device = o.batch_size_per_device;
+  summary.lr = adam.lr;
+  summary.trainable_parameters = m.registry.layout.total() - frozen;
+  summary.frozen_parameters = frozen;
+  reporter.Setup(summary);
 
   // Who the ranks are (one all_gather), for rank 0's observer; the step metrics use the count of
   // trainable parameters for model FLOP/s.
@@ -219,7 +196,6 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
                   {"fsdp_units", o.fsdp_units},
                   {"dataset_split", o.dataset_split}};
   Checkpointer checkpointer(std::move(co), m, fsdp, pg, collective);
-  std::string final_metrics;
   // Where the run stands; a --save-steps checkpoint resumes inside epoch state.epoch + 1: its
   // first state.step_in_epoch steps are done, and the loss sum over them continues the epoch's
   // mean.
@@ -228,10 +204,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     ST_ASSIGN_OR_RETURN(state, checkpointer.Resume(/*required=*/o.resume));
   }
   const int64_t first_epoch = state.epoch;
-  if (first_epoch >= o.num_epochs && rank == 0)
-    std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
-                (long long)first_epoch, (long long)o.num_epochs);
-  if (observer) {
+  {
     RunInfo info;
     info.run_name = run_name;
     info.run_dir = run_dir;
@@ -245,7 +218,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     info.tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     info.trainable_parameters = trainable_parameters;
     info.workers = workers;
-    observer->OnStart(info);
+    reporter.Start(info);
   }
   const StepParts parts{engine, fsdp, adam, o.max_grad_norm, pg, collective};
   for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
@@ -256,28 +229,14 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     // and throughput then cover the steps run since.
     const int64_t skip = state.step_in_epoch;
     int64_t real_tokens = 0;
-    const int64_t tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
     for (size_t bi = static_cast<size_t>(skip); bi < batches.size(); ++bi) {
       ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, set, batches[bi], state));
       real_tokens += step.real_tokens;
       const int64_t step_in_epoch = state.step_in_epoch;
-      const double loss_total = state.epoch_loss_sum;
-      if (rank == 0) {
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ShowProgress(o.progress, epoch + 1, o.num_epochs, step_in_epoch,
-                     static_cast<int64_t>(batches.size()), loss_total / step_in_epoch,
-                     tokens_per_step * (step_in_epoch - skip) / elapsed, elapsed);
-        if (observer) {
-          StepMetrics sm = SummariseStep(std::move(step.samples), step.loss, adam.lr,
-                                         step.grad_norm, tokens_per_step, trainable_parameters);
-          sm.step = state.global_step;
-          sm.epoch = epoch + 1;
-          sm.step_in_epoch = step_in_epoch;
-          sm.steps_in_epoch = static_cast<int64_t>(batches.size());
-          observer->OnStep(sm);
-        }
-      }
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      reporter.Step(state, static_cast<int64_t>(batches.size()), step_in_epoch - skip, elapsed,
+                    adam.lr, std::move(step));
       if (o.save_steps > 0 && step_in_epoch % o.save_steps == 0 &&
           step_in_epoch < static_cast<int64_t>(batches.size())) {
         ST_RETURN_IF_ERROR(checkpointer.SaveInsideEpoch(state));
@@ -290,17 +249,6 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     const double loss = state.epoch_loss_sum / static_cast<double>(batches.size());
     const double tokens_per_s = static_cast<double>(static_cast<int64_t>(batches.size()) - skip) *
                                 o.batch_size_per_device * world * o.max_seq_len / epoch_time;
-    char metrics[256];
-    std::snprintf(metrics, sizeof(metrics),
-                  "{'epoch': %lld, 'loss': %.4f, 'epoch_time_s': %.2f, 'tokens_per_s': %.1f}",
-                  (long long)(epoch + 1), std::round(loss * 1e4) / 1e4, epoch_time, tokens_per_s);
-    if (rank == 0) {
-      std::printf(
-          "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f\n",
-          (long long)(epoch + 1), (long long)o.num_epochs, loss, epoch_time, tokens_per_s,
-          real / epoch_time);
-      std::fflush(stdout);
-    }
     EpochMetrics em;
     em.epoch = epoch + 1;
     em.global_step = state.global_step;
@@ -308,15 +256,9 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
     em.epoch_time_s = epoch_time;
     em.tokens_per_s = tokens_per_s;
     em.real_tokens_per_s = real / epoch_time;
-    if (rank == 0 && observer) {
-      em.unix_time =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
-      observer->OnEpoch(em);
-    }
+    reporter.Epoch(em);
     state = TrainState{epoch + 1, state.global_step, 0, 0};
     ST_RETURN_IF_ERROR(checkpointer.SaveEpoch(state, em));
-    final_metrics = metrics;
   }
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
   // gathered units and the replicated (frozen) tensors.
@@ -324,17 +266,9 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
   ST_RETURN_IF_ERROR(pg.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective));
-  if (rank == 0) {
-    std::printf(
-        "Memory per worker: sharded state %.1f MiB (fp32 master, grads, 2 AdamW moments), "
-        "replicated %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
-        fsdp.ShardedStateBytes() / 1048576.0, fsdp.ReplicatedBytes() / 1048576.0,
-        engine.ActivationBytes() / 1048576.0, rss_mib);
-    std::printf("Training completed! Final metrics: %s\n", final_metrics.c_str());
-    const std::string best = checkpointer.BestPath();
-    std::printf("Saved checkpoint: %s\n", best.empty() ? "(none)" : best.c_str());
-    std::fflush(stdout);
-  }
+  reporter.Finish(
+      {fsdp.ShardedStateBytes(), fsdp.ReplicatedBytes(), engine.ActivationBytes(), rss_mib},
+      checkpointer.BestPath());
   return Status::Ok();
 }
 
