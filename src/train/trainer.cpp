@@ -3,12 +3,12 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 
 #include "core/rng.h"
@@ -16,9 +16,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/files.h"
-#include "io/hf_model.h"
 #include "io/model_loader.h"
-#include "io/safetensors.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
@@ -104,172 +102,291 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   return Status::Ok();
 }
 
-Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective, TrainingObserver* observer) {
-  const int rank = pg.rank(), world = pg.size();
-  ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
+namespace {
 
+using Clock = std::chrono::steady_clock;
+
+// What --freeze leaves trainable: per registry entry, everything but buffers and the tensors the
+// regex matches.
+struct Trainable {
+  std::vector<bool> mask;  // [registry entries]
+  int64_t frozen = 0;      // elements matched by --freeze
+};
+
+StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::string& regex) {
+  Trainable t;
+  t.mask.resize(registry.layout.size());
+  std::regex freeze;
+  try {
+    if (!regex.empty()) freeze = std::regex(regex);
+  } catch (const std::regex_error&) {
+    return InvalidArgument("--freeze '" + regex + "' is not a valid regular expression");
+  }
+  for (int i = 0; i < registry.layout.size(); ++i) {
+    const bool match = !regex.empty() && std::regex_search(registry.layout.entry(i).name, freeze);
+    t.mask[i] = !registry.is_buffer[i] && !match;
+    if (match) t.frozen += registry.layout.entry(i).numel;
+  }
+  return t;
+}
+
+// The model and data of a run, loaded and checked on every rank before anything is sharded.
+struct RunInputs {
+  LoadedModel model;
+  bool from_dir = false;  // --model-id is a model directory (default lr 2e-5), not a preset
+  InstructionData data;
+  int64_t steps_per_epoch = 0;
+  Trainable trainable;
+};
+
+StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const bool from_dir = fs::is_directory(o.model_id);
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(m.config, o.model_id, o.tokenizer, DatasetOf(o),
                                           o.max_seq_len, o.data_dir));
   const TokenizedSet& set = data.examples;
-  const DatasetReport& report = data.report;
-  const std::string& tokenizer_dir = data.tokenizer_dir;
   const int64_t steps_per_epoch = static_cast<int64_t>(
       EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, 0).size());
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
                                   " workers x --batch-size-per-device ", o.batch_size_per_device));
+  ST_ASSIGN_OR_RETURN(Trainable trainable, TrainableTensors(m.registry, o.freeze));
+  return RunInputs{std::move(m), from_dir, std::move(data), steps_per_epoch, std::move(trainable)};
+}
 
-  // Trainable tensors: everything but buffers and what --freeze matches.
-  std::vector<bool> trainable(m.registry.layout.size());
-  std::regex freeze;
-  try {
-    if (!o.freeze.empty()) freeze = std::regex(o.freeze);
-  } catch (const std::regex_error& e) {
-    return InvalidArgument("--freeze '" + o.freeze + "' is not a valid regular expression");
-  }
-  int64_t frozen = 0;
-  for (int i = 0; i < m.registry.layout.size(); ++i) {
-    const bool match =
-        !o.freeze.empty() && std::regex_search(m.registry.layout.entry(i).name, freeze);
-    trainable[i] = !m.registry.is_buffer[i] && !match;
-    if (match) frozen += m.registry.layout.entry(i).numel;
-  }
+// Where the run writes: <storage>/<run name>. Rank 0 creates it and clears the pending
+// checkpoints an interrupted run left there.
+struct RunDir {
+  std::string storage, name, dir;
+};
 
-  Gemma4Engine engine(m.config, o.batch_size_per_device, o.max_seq_len);
+StatusOr<RunDir> OpenRunDir(const FinetuneOptions& o, int rank) {
+  RunDir r;
+  r.storage = o.storage_path.empty() ? "runs" : o.storage_path;
+  r.name =
+      o.run_name.empty() ? StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr)) : o.run_name;
+  if (r.name.find('/') != std::string::npos || r.name == "." || r.name == "..")
+    return InvalidArgument("--run-name must be a plain name, got '" + r.name + "'");
+  r.dir = (fs::path(r.storage) / r.name).string();
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(r.dir, ec);
+    if (ec)
+      return IoError(StrCat("cannot create the run directory ", r.dir, ": ", ec.message(),
+                            " (check --storage-path)"));
+    if (const int stale = RemoveStalePendingCheckpoints(r.dir); stale > 0)
+      std::printf("Removed %d unfinished checkpoint(s) that an interrupted run left in %s\n", stale,
+                  r.dir.c_str());
+  }
+  return r;
+}
+
+FsdpOptions FsdpOptionsOf(const FinetuneOptions& o, const dist::CollectiveOptions& collective) {
   FsdpOptions fo;
   fo.units = o.fsdp_units == "layer" ? FsdpUnitMode::kLayer : FsdpUnitMode::kMlp;
   fo.collective = collective;
-  FsdpModel fsdp(m.config, m.registry, pg, trainable, fo);
-  fsdp.LoadFull(m.params.data());
+  return fo;
+}
+
+AdamWConfig AdamWOf(const FinetuneOptions& o, bool from_dir) {
   AdamWConfig adam;
   adam.lr = o.lr > 0 ? o.lr : (from_dir ? 2e-5 : 1e-3);
   adam.weight_decay = o.weight_decay;
+  return adam;
+}
 
-  const std::string storage = o.storage_path.empty() ? "runs" : o.storage_path;
-  const std::string run_name =
-      o.run_name.empty() ? StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr)) : o.run_name;
-  if (run_name.find('/') != std::string::npos || run_name == "." || run_name == "..")
-    return InvalidArgument("--run-name must be a plain name, got '" + run_name + "'");
-  const std::string run_dir = (fs::path(storage) / run_name).string();
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec)
-      return IoError(StrCat("cannot create the run directory ", run_dir, ": ", ec.message(),
-                            " (check --storage-path)"));
-    if (const int stale = RemoveStalePendingCheckpoints(run_dir); stale > 0)
-      std::printf("Removed %d unfinished checkpoint(s) that an interrupted run left in %s\n", stale,
-                  run_dir.c_str());
+// The job's components on one rank, as torchtitan's Trainer holds them: the model parts (model,
+// engine, FSDP shards, optimizer), the data, the checkpointer and the reporter. Create sets them
+// up, Start resumes, RunEpoch runs one epoch (steps, then the epoch's line and checkpoint), Finish
+// reports. A new capability (adapters, schedules, accumulation, evaluation) is a new member
+// called from here, not a branch in the loop.
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                                                   const dist::CollectiveOptions& collective,
+                                                   TrainingObserver* observer);
+  // Where training starts: a checkpoint's state (--resume, or a restart's resume_if_any), else
+  // the beginning; announced to the reporter (and so to the observer).
+  StatusOr<TrainState> Start();
+  // The rest of epoch state.epoch + 1: its steps, step checkpoints, line and epoch checkpoint.
+  Status RunEpoch(TrainState& state);
+  // The end-of-run memory line (peak RSS all-reduced over ranks) and the final lines.
+  Status Finish();
+
+ private:
+  Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
+          const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
+  Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t skip,
+                  int64_t real_tokens);
+  SetupSummary Summary() const;
+  // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
+  int64_t TrainableParameters() const {
+    return in_.model.registry.layout.total() - in_.trainable.frozen;
   }
-  ProgressReporter reporter(rank, o.progress, o.num_epochs, observer);
-  SetupSummary summary;
-  summary.data = report.Summary();
-  summary.examples = set.size();
-  summary.max_seq_len = o.max_seq_len;
-  summary.truncated = set.truncated;
-  summary.steps_per_epoch = steps_per_epoch;
-  summary.world = world;
-  summary.batch_size_per_device = o.batch_size_per_device;
-  summary.lr = adam.lr;
-  summary.trainable_parameters = m.registry.layout.total() - frozen;
-  summary.frozen_parameters = frozen;
-  reporter.Setup(summary);
+  CheckpointerOptions CheckpointerOptionsOf() const;
 
-  // Who the ranks are (one all_gather), for rank 0's observer; the step metrics use the count of
-  // trainable parameters for model FLOP/s.
-  ST_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, GatherWorkerInfo(pg, collective));
-  const int64_t trainable_parameters = m.registry.layout.total() - frozen;
+  const FinetuneOptions& o_;
+  dist::ProcessGroup& pg_;
+  const dist::CollectiveOptions collective_;
+  const int rank_, world_;
+  RunInputs in_;
+  Gemma4Engine engine_;
+  FsdpModel fsdp_;  // refers to in_.model's config and registry
+  const AdamWConfig adam_;
+  ProgressReporter reporter_;
+  RunDir run_;
+  std::vector<WorkerInfo> workers_;           // [world]
+  std::optional<Checkpointer> checkpointer_;  // once the run directory exists
+};
 
-  CheckpointerOptions co;
-  co.run_dir = run_dir;
-  co.tokenizer_dir = tokenizer_dir;
-  co.steps_per_epoch = steps_per_epoch;
-  co.num_to_keep = o.num_to_keep;
-  co.score_attribute = o.score_attribute;
-  co.lower_is_better = o.score_order == "min";
-  co.run_state = {{"seed", o.seed},
-                  {"model_id", o.model_id},
-                  {"fsdp_units", o.fsdp_units},
-                  {"dataset_split", o.dataset_split}};
-  Checkpointer checkpointer(std::move(co), m, fsdp, pg, collective);
-  // Where the run stands; a --save-steps checkpoint resumes inside epoch state.epoch + 1: its
-  // first state.step_in_epoch steps are done, and the loss sum over them continues the epoch's
-  // mean.
+Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                 const dist::CollectiveOptions& collective, TrainingObserver* observer,
+                 RunInputs in)
+    : o_(o),
+      pg_(pg),
+      collective_(collective),
+      rank_(pg.rank()),
+      world_(pg.size()),
+      in_(std::move(in)),
+      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len),
+      fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask,
+            FsdpOptionsOf(o, collective)),
+      adam_(AdamWOf(o, in_.from_dir)),
+      reporter_(pg.rank(), o.progress, o.num_epochs, observer) {
+  fsdp_.LoadFull(in_.model.params.data());
+}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                                                   const dist::CollectiveOptions& collective,
+                                                   TrainingObserver* observer) {
+  ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
+  ST_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o, pg.size(), pg.rank()));
+  std::unique_ptr<Trainer> t(new Trainer(o, pg, collective, observer, std::move(in)));
+  ST_ASSIGN_OR_RETURN(t->run_, OpenRunDir(o, pg.rank()));
+  t->reporter_.Setup(t->Summary());
+  // Who the ranks are (one all_gather), for rank 0's observer.
+  ST_ASSIGN_OR_RETURN(t->workers_, GatherWorkerInfo(pg, collective));
+  t->checkpointer_.emplace(t->CheckpointerOptionsOf(), t->in_.model, t->fsdp_, pg, collective);
+  return t;
+}
+
+SetupSummary Trainer::Summary() const {
+  SetupSummary s;
+  s.data = in_.data.report.Summary();
+  s.examples = in_.data.examples.size();
+  s.max_seq_len = o_.max_seq_len;
+  s.truncated = in_.data.examples.truncated;
+  s.steps_per_epoch = in_.steps_per_epoch;
+  s.world = world_;
+  s.batch_size_per_device = o_.batch_size_per_device;
+  s.lr = adam_.lr;
+  s.trainable_parameters = TrainableParameters();
+  s.frozen_parameters = in_.trainable.frozen;
+  return s;
+}
+
+CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
+  CheckpointerOptions c;
+  c.run_dir = run_.dir;
+  c.tokenizer_dir = in_.data.tokenizer_dir;
+  c.steps_per_epoch = in_.steps_per_epoch;
+  c.num_to_keep = o_.num_to_keep;
+  c.score_attribute = o_.score_attribute;
+  c.lower_is_better = o_.score_order == "min";
+  c.run_state = {{"seed", o_.seed},
+                 {"model_id", o_.model_id},
+                 {"fsdp_units", o_.fsdp_units},
+                 {"dataset_split", o_.dataset_split}};
+  return c;
+}
+
+StatusOr<TrainState> Trainer::Start() {
   TrainState state;
-  if (o.resume || o.resume_if_any) {
-    ST_ASSIGN_OR_RETURN(state, checkpointer.Resume(/*required=*/o.resume));
+  if (o_.resume || o_.resume_if_any) {
+    ST_ASSIGN_OR_RETURN(state, checkpointer_->Resume(/*required=*/o_.resume));
   }
-  const int64_t first_epoch = state.epoch;
-  {
-    RunInfo info;
-    info.run_name = run_name;
-    info.run_dir = run_dir;
-    info.storage_path = storage;
-    info.flags = FinetuneOptionsJson(o);
-    info.world_size = world;
-    info.num_epochs = o.num_epochs;
-    info.first_epoch = first_epoch;
-    info.resumed_step = state.global_step;
-    info.steps_per_epoch = steps_per_epoch;
-    info.tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
-    info.trainable_parameters = trainable_parameters;
-    info.workers = workers;
-    reporter.Start(info);
+  RunInfo info;
+  info.run_name = run_.name;
+  info.run_dir = run_.dir;
+  info.storage_path = run_.storage;
+  info.flags = FinetuneOptionsJson(o_);
+  info.world_size = world_;
+  info.num_epochs = o_.num_epochs;
+  info.first_epoch = state.epoch;
+  info.resumed_step = state.global_step;
+  info.steps_per_epoch = in_.steps_per_epoch;
+  info.tokens_per_step = o_.batch_size_per_device * world_ * o_.max_seq_len;
+  info.trainable_parameters = TrainableParameters();
+  info.workers = workers_;
+  reporter_.Start(info);
+  return state;
+}
+
+Status Trainer::RunEpoch(TrainState& state) {
+  const auto t0 = Clock::now();
+  const auto batches = EpochBatches(in_.data.examples.size(), world_, rank_,
+                                    o_.batch_size_per_device, o_.seed, state.epoch);
+  const int64_t steps = static_cast<int64_t>(batches.size());
+  // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time and
+  // throughput then cover the steps run since.
+  const int64_t skip = state.step_in_epoch;
+  int64_t real_tokens = 0;
+  const StepParts parts{engine_, fsdp_, adam_, o_.max_grad_norm, pg_, collective_};
+  for (int64_t i = skip; i < steps; ++i) {
+    ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, in_.data.examples,
+                                                   batches[static_cast<size_t>(i)], state));
+    real_tokens += step.real_tokens;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    reporter_.Step(state, steps, state.step_in_epoch - skip, elapsed, adam_.lr, std::move(step));
+    if (o_.save_steps > 0 && state.step_in_epoch % o_.save_steps == 0 &&
+        state.step_in_epoch < steps)
+      ST_RETURN_IF_ERROR(checkpointer_->SaveInsideEpoch(state));
   }
-  const StepParts parts{engine, fsdp, adam, o.max_grad_norm, pg, collective};
-  for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto batches =
-        EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
-    // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time
-    // and throughput then cover the steps run since.
-    const int64_t skip = state.step_in_epoch;
-    int64_t real_tokens = 0;
-    for (size_t bi = static_cast<size_t>(skip); bi < batches.size(); ++bi) {
-      ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, set, batches[bi], state));
-      real_tokens += step.real_tokens;
-      const int64_t step_in_epoch = state.step_in_epoch;
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      reporter.Step(state, static_cast<int64_t>(batches.size()), step_in_epoch - skip, elapsed,
-                    adam.lr, std::move(step));
-      if (o.save_steps > 0 && step_in_epoch % o.save_steps == 0 &&
-          step_in_epoch < static_cast<int64_t>(batches.size())) {
-        ST_RETURN_IF_ERROR(checkpointer.SaveInsideEpoch(state));
-      }
-    }
-    float real = static_cast<float>(real_tokens);
-    ST_RETURN_IF_ERROR(pg.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective));
-    const double epoch_time =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = state.epoch_loss_sum / static_cast<double>(batches.size());
-    const double tokens_per_s = static_cast<double>(static_cast<int64_t>(batches.size()) - skip) *
-                                o.batch_size_per_device * world * o.max_seq_len / epoch_time;
-    EpochMetrics em;
-    em.epoch = epoch + 1;
-    em.global_step = state.global_step;
-    em.loss = loss;
-    em.epoch_time_s = epoch_time;
-    em.tokens_per_s = tokens_per_s;
-    em.real_tokens_per_s = real / epoch_time;
-    reporter.Epoch(em);
-    state = TrainState{epoch + 1, state.global_step, 0, 0};
-    ST_RETURN_IF_ERROR(checkpointer.SaveEpoch(state, em));
-  }
+  return EndEpoch(state, t0, steps, skip, real_tokens);
+}
+
+// The epoch's figures (the real-token count all-reduced), its line, then its checkpoint.
+Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t skip,
+                         int64_t real_tokens) {
+  float real = static_cast<float>(real_tokens);
+  ST_RETURN_IF_ERROR(pg_.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective_));
+  EpochMetrics em;
+  em.epoch_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  em.epoch = state.epoch + 1;
+  em.global_step = state.global_step;
+  em.loss = state.epoch_loss_sum / static_cast<double>(steps);
+  em.tokens_per_s = static_cast<double>(steps - skip) * o_.batch_size_per_device * world_ *
+                    o_.max_seq_len / em.epoch_time_s;
+  em.real_tokens_per_s = real / em.epoch_time_s;
+  reporter_.Epoch(em);
+  state = TrainState{state.epoch + 1, state.global_step, 0, 0};
+  return checkpointer_->SaveEpoch(state, em);
+}
+
+Status Trainer::Finish() {
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
   // gathered units and the replicated (frozen) tensors.
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
-  ST_RETURN_IF_ERROR(pg.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective));
-  reporter.Finish(
-      {fsdp.ShardedStateBytes(), fsdp.ReplicatedBytes(), engine.ActivationBytes(), rss_mib},
-      checkpointer.BestPath());
+  ST_RETURN_IF_ERROR(pg_.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective_));
+  reporter_.Finish(
+      {fsdp_.ShardedStateBytes(), fsdp_.ReplicatedBytes(), engine_.ActivationBytes(), rss_mib},
+      checkpointer_->BestPath());
   return Status::Ok();
+}
+
+}  // namespace
+
+// Set-up, resume, the epochs, the report; each a component above (see Trainer).
+Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                   const dist::CollectiveOptions& collective, TrainingObserver* observer) {
+  ST_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(o, pg, collective, observer));
+  ST_ASSIGN_OR_RETURN(TrainState state, trainer->Start());
+  while (state.epoch < o.num_epochs) ST_RETURN_IF_ERROR(trainer->RunEpoch(state));
+  return trainer->Finish();
 }
 
 }  // namespace st
