@@ -6,7 +6,8 @@
 // A checkpoint is built in <run>/.pending_epoch_E/ (or .pending_step_G/ for one taken inside an
 // epoch) and committed with fsync + rename, so a process killed while writing never leaves a
 // half-written checkpoint_* directory nor harms older ones.
-// Not the training loop: trainer.cpp decides when to write, which to keep and where to resume.
+// Not the training loop: the trainer decides when to write, the Checkpointer (checkpointer.h)
+// which to keep and where to resume.
 #pragma once
 
 #include <cstdint>

@@ -3,12 +3,12 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 
 #include "core/rng.h"
@@ -16,13 +16,15 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/files.h"
-#include "io/hf_model.h"
 #include "io/model_loader.h"
-#include "io/safetensors.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/checkpointer.h"
+#include "train/progress.h"
+#include "train/train_state.h"
+#include "train/train_step.h"
 
 namespace st {
 
@@ -43,59 +45,6 @@ std::vector<std::vector<int64_t>> EpochBatches(int64_t n, int world, int rank, i
     out.emplace_back(mine.begin() + s, mine.begin() + s + batch);
   return out;
 }
-
-namespace {
-
-std::string TimeStamp() {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d_%H-%M-%S", &tm);
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
-      1000000;
-  return StrCat(buf, ".", std::string(6 - std::to_string(us).size(), '0'), us);
-}
-
-struct Checkpoint {
-  std::string path;
-  double score;
-  bool inside_epoch = false;  // a --save-steps checkpoint: kept only until the next checkpoint
-};
-
-// The checkpoint score: one field of the epoch metrics (CheckpointConfig's score attribute).
-double Score(const nlohmann::json& metrics, const std::string& attribute) {
-  auto it = metrics.find(attribute);
-  return it != metrics.end() && it->is_number() ? it->get<double>() : 0.0;
-}
-
-// Progress of an epoch on rank 0: a bar redrawn in place on a terminal, or a plain line every
-// tenth of the epoch.
-void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_t step,
-                  int64_t steps, double loss, double tokens_per_s, double elapsed) {
-  if (mode == "off") return;
-  const double eta = step > 0 ? elapsed / step * (steps - step) : 0.0;
-  const int eta_s = static_cast<int>(eta + 0.5);
-  if (mode == "bar") {
-    const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(1, steps));
-    std::printf("\r  epoch %lld/%lld [%s%s] %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d ",
-                (long long)epoch, (long long)epochs, std::string(filled, '#').c_str(),
-                std::string(width - filled, '.').c_str(), (long long)step, (long long)steps, loss,
-                tokens_per_s, eta_s / 60, eta_s % 60);
-    if (step == steps) std::printf("\r%*s\r", 100, "");
-  } else {
-    const int64_t every = std::max<int64_t>(1, steps / 10);
-    if (step % every != 0 || step == steps) return;
-    std::printf("  epoch %lld/%lld step %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d\n",
-                (long long)epoch, (long long)epochs, (long long)step, (long long)steps, loss,
-                tokens_per_s, eta_s / 60, eta_s % 60);
-  }
-  std::fflush(stdout);
-}
-
-}  // namespace
 
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
@@ -153,364 +102,291 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   return Status::Ok();
 }
 
-Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective, TrainingObserver* observer) {
-  const int rank = pg.rank(), world = pg.size();
-  ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
+namespace {
 
+using Clock = std::chrono::steady_clock;
+
+// What --freeze leaves trainable: per registry entry, everything but buffers and the tensors the
+// regex matches.
+struct Trainable {
+  std::vector<bool> mask;  // [registry entries]
+  int64_t frozen = 0;      // elements matched by --freeze
+};
+
+StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::string& regex) {
+  Trainable t;
+  t.mask.resize(registry.layout.size());
+  std::regex freeze;
+  try {
+    if (!regex.empty()) freeze = std::regex(regex);
+  } catch (const std::regex_error&) {
+    return InvalidArgument("--freeze '" + regex + "' is not a valid regular expression");
+  }
+  for (int i = 0; i < registry.layout.size(); ++i) {
+    const bool match = !regex.empty() && std::regex_search(registry.layout.entry(i).name, freeze);
+    t.mask[i] = !registry.is_buffer[i] && !match;
+    if (match) t.frozen += registry.layout.entry(i).numel;
+  }
+  return t;
+}
+
+// The model and data of a run, loaded and checked on every rank before anything is sharded.
+struct RunInputs {
+  LoadedModel model;
+  bool from_dir = false;  // --model-id is a model directory (default lr 2e-5), not a preset
+  InstructionData data;
+  int64_t steps_per_epoch = 0;
+  Trainable trainable;
+};
+
+StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const bool from_dir = fs::is_directory(o.model_id);
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(m.config, o.model_id, o.tokenizer, DatasetOf(o),
                                           o.max_seq_len, o.data_dir));
   const TokenizedSet& set = data.examples;
-  const DatasetReport& report = data.report;
-  const std::string& tokenizer_dir = data.tokenizer_dir;
   const int64_t steps_per_epoch = static_cast<int64_t>(
       EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, 0).size());
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
                                   " workers x --batch-size-per-device ", o.batch_size_per_device));
+  ST_ASSIGN_OR_RETURN(Trainable trainable, TrainableTensors(m.registry, o.freeze));
+  return RunInputs{std::move(m), from_dir, std::move(data), steps_per_epoch, std::move(trainable)};
+}
 
-  // Trainable tensors: everything but buffers and what --freeze matches.
-  std::vector<bool> trainable(m.registry.layout.size());
-  std::regex freeze;
-  try {
-    if (!o.freeze.empty()) freeze = std::regex(o.freeze);
-  } catch (const std::regex_error& e) {
-    return InvalidArgument("--freeze '" + o.freeze + "' is not a valid regular expression");
-  }
-  int64_t frozen = 0;
-  for (int i = 0; i < m.registry.layout.size(); ++i) {
-    const bool match =
-        !o.freeze.empty() && std::regex_search(m.registry.layout.entry(i).name, freeze);
-    trainable[i] = !m.registry.is_buffer[i] && !match;
-    if (match) frozen += m.registry.layout.entry(i).numel;
-  }
+// Where the run writes: <storage>/<run name>. Rank 0 creates it and clears the pending
+// checkpoints an interrupted run left there.
+struct RunDir {
+  std::string storage, name, dir;
+};
 
-  Gemma4Engine engine(m.config, o.batch_size_per_device, o.max_seq_len);
+StatusOr<RunDir> OpenRunDir(const FinetuneOptions& o, int rank) {
+  RunDir r;
+  r.storage = o.storage_path.empty() ? "runs" : o.storage_path;
+  r.name =
+      o.run_name.empty() ? StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr)) : o.run_name;
+  if (r.name.find('/') != std::string::npos || r.name == "." || r.name == "..")
+    return InvalidArgument("--run-name must be a plain name, got '" + r.name + "'");
+  r.dir = (fs::path(r.storage) / r.name).string();
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(r.dir, ec);
+    if (ec)
+      return IoError(StrCat("cannot create the run directory ", r.dir, ": ", ec.message(),
+                            " (check --storage-path)"));
+    if (const int stale = RemoveStalePendingCheckpoints(r.dir); stale > 0)
+      std::printf("Removed %d unfinished checkpoint(s) that an interrupted run left in %s\n", stale,
+                  r.dir.c_str());
+  }
+  return r;
+}
+
+FsdpOptions FsdpOptionsOf(const FinetuneOptions& o, const dist::CollectiveOptions& collective) {
   FsdpOptions fo;
   fo.units = o.fsdp_units == "layer" ? FsdpUnitMode::kLayer : FsdpUnitMode::kMlp;
   fo.collective = collective;
-  FsdpModel fsdp(m.config, m.registry, pg, trainable, fo);
-  fsdp.LoadFull(m.params.data());
+  return fo;
+}
+
+AdamWConfig AdamWOf(const FinetuneOptions& o, bool from_dir) {
   AdamWConfig adam;
   adam.lr = o.lr > 0 ? o.lr : (from_dir ? 2e-5 : 1e-3);
   adam.weight_decay = o.weight_decay;
+  return adam;
+}
 
-  const std::string storage = o.storage_path.empty() ? "runs" : o.storage_path;
-  const std::string run_name =
-      o.run_name.empty() ? StrCat("slicetrain_gemma4_fsdp_sft_", std::time(nullptr)) : o.run_name;
-  if (run_name.find('/') != std::string::npos || run_name == "." || run_name == "..")
-    return InvalidArgument("--run-name must be a plain name, got '" + run_name + "'");
-  const std::string run_dir = (fs::path(storage) / run_name).string();
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec)
-      return IoError(StrCat("cannot create the run directory ", run_dir, ": ", ec.message(),
-                            " (check --storage-path)"));
-    if (const int stale = RemoveStalePendingCheckpoints(run_dir); stale > 0)
-      std::printf("Removed %d unfinished checkpoint(s) that an interrupted run left in %s\n", stale,
-                  run_dir.c_str());
-    std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", world);
-    std::printf(
-        "Data: %s; %lld examples of %lld tokens (%lld truncated); %lld steps per epoch of "
-        "%d x %lld; lr=%g; %.2f M trainable parameters, %.2f M frozen\n",
-        report.Summary().c_str(), (long long)set.size(), (long long)o.max_seq_len,
-        (long long)set.truncated, (long long)steps_per_epoch, world,
-        (long long)o.batch_size_per_device, adam.lr, (m.registry.layout.total() - frozen) / 1e6,
-        frozen / 1e6);
-    std::fflush(stdout);
-  }
+// The job's components on one rank, as torchtitan's Trainer holds them: the model parts (model,
+// engine, FSDP shards, optimizer), the data, the checkpointer and the reporter. Create sets them
+// up, Start resumes, RunEpoch runs one epoch (steps, then the epoch's line and checkpoint), Finish
+// reports. A new capability (adapters, schedules, accumulation, evaluation) is a new member
+// called from here, not a branch in the loop.
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                                                   const dist::CollectiveOptions& collective,
+                                                   TrainingObserver* observer);
+  // Where training starts: a checkpoint's state (--resume, or a restart's resume_if_any), else
+  // the beginning; announced to the reporter (and so to the observer).
+  StatusOr<TrainState> Start();
+  // The rest of epoch state.epoch + 1: its steps, step checkpoints, line and epoch checkpoint.
+  Status RunEpoch(TrainState& state);
+  // The end-of-run memory line (peak RSS all-reduced over ranks) and the final lines.
+  Status Finish();
 
-  // Who the ranks are (one all_gather), for rank 0's observer; the step metrics use the count of
-  // trainable parameters for model FLOP/s.
-  ST_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, GatherWorkerInfo(pg, collective));
-  const int64_t trainable_parameters = m.registry.layout.total() - frozen;
+ private:
+  Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
+          const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
+  Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t skip,
+                  int64_t real_tokens);
+  SetupSummary Summary() const;
+  // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
+  int64_t TrainableParameters() const {
+    return in_.model.registry.layout.total() - in_.trainable.frozen;
+  }
+  CheckpointerOptions CheckpointerOptionsOf() const;
 
-  std::vector<Checkpoint> kept;  // rank 0's view of the run's checkpoints
-  std::vector<float> full(m.registry.layout.total());
-  std::string final_metrics;
-  int64_t global_step = 0, first_epoch = 0;
-  // A --save-steps checkpoint resumes inside epoch first_epoch + 1: its first `resume_step` steps
-  // are done, and rank 0's loss sum over them continues the epoch's mean.
-  int64_t resume_step = 0;
-  double resume_loss_sum = 0;
-  if (o.resume || o.resume_if_any) {
-    // Newest first; a checkpoint is used only when every rank could read its shard.
-    const auto candidates = ListCheckpoints(run_dir);
-    bool resumed = false;
-    for (const CheckpointEntry& point : candidates) {
-      Status s = LoadCheckpointShard(point.dir, fsdp, rank, world);
-      float ok = s.ok() ? 1.0f : 0.0f;
-      ST_RETURN_IF_ERROR(pg.AllReduce(&ok, 1, DType::kF32, dist::ReduceOp::kMin, collective));
-      if (!s.ok())
-        std::fprintf(stderr, "rank %d: checkpoint %s is damaged or incomplete, skipping it: %s\n",
-                     rank, point.dir.c_str(), s.message().c_str());
-      if (ok < 1.0f) continue;
-      first_epoch = point.epoch;
-      global_step = point.global_step;
-      resume_step = point.step_in_epoch;
-      if (auto it = point.state.find("epoch_loss_sum"); it != point.state.end() && it->is_number())
-        resume_loss_sum = it->get<double>();
-      if (resume_step >= steps_per_epoch)
-        return InvalidArgument(StrCat(point.dir, " was taken at step ", resume_step,
-                                      " of an epoch, but this data set and batch size give ",
-                                      steps_per_epoch, " steps per epoch"));
-      resumed = true;
-      if (rank == 0) {
-        if (resume_step > 0)
-          std::printf(
-              "Resuming from %s (epoch %lld done and %lld of %lld steps of epoch %lld, "
-              "step %lld)\n",
-              point.dir.c_str(), (long long)point.epoch, (long long)resume_step,
-              (long long)steps_per_epoch, (long long)point.epoch + 1, (long long)point.global_step);
-        else
-          std::printf("Resuming from %s (epoch %lld done, step %lld)\n", point.dir.c_str(),
-                      (long long)point.epoch, (long long)point.global_step);
-        std::fflush(stdout);
-      }
-      break;
-    }
-    if (!resumed && o.resume_if_any && !o.resume) {
-      if (rank == 0) {
-        std::printf("No usable checkpoint of %s yet: starting from the beginning\n",
-                    run_dir.c_str());
-        std::fflush(stdout);
-      }
-    } else if (!resumed) {
-      return NotFound(StrCat("--resume: no usable checkpoint in ", run_dir,
-                             candidates.empty() ? " (none found)" : " (all damaged)"));
-    }
-    if (rank == 0 && resumed)
-      for (const CheckpointEntry& point : candidates)
-        kept.push_back({point.dir, Score(point.state, o.score_attribute), point.step_in_epoch > 0});
-  }
-  if (first_epoch >= o.num_epochs && rank == 0)
-    std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
-                (long long)first_epoch, (long long)o.num_epochs);
-  if (observer) {
-    RunInfo info;
-    info.run_name = run_name;
-    info.run_dir = run_dir;
-    info.storage_path = storage;
-    info.flags = FinetuneOptionsJson(o);
-    info.world_size = world;
-    info.num_epochs = o.num_epochs;
-    info.first_epoch = first_epoch;
-    info.resumed_step = global_step;
-    info.steps_per_epoch = steps_per_epoch;
-    info.tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
-    info.trainable_parameters = trainable_parameters;
-    info.workers = workers;
-    observer->OnStart(info);
-  }
-  // Writes a checkpoint of the state after `global_step`: every rank writes its shard into a
-  // pending directory, rank 0 adds the full model (all-gathered) and commits it with a rename.
-  // `step_in_epoch` > 0: a --save-steps checkpoint inside epoch `epochs_done` + 1.
-  auto save_checkpoint = [&](int64_t epochs_done, int64_t step_in_epoch, double loss_sum,
-                             const std::string& metrics_json, nlohmann::json state) -> Status {
-    ST_RETURN_IF_ERROR(fsdp.GatherFull(full.data()));
-    const bool inside_epoch = step_in_epoch > 0;
-    const std::string pending = inside_epoch ? PendingStepCheckpointDir(run_dir, global_step)
-                                             : PendingCheckpointDir(run_dir, epochs_done + 1);
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(pending, ec);
-      fs::create_directories(fs::path(pending) / "shards", ec);
-      if (ec) return IoError(StrCat("cannot create ", pending, ": ", ec.message()));
-    }
-    ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    ST_RETURN_IF_ERROR(
-        WriteCheckpointShard(pending, fsdp, rank, world, epochs_done + !inside_epoch, global_step));
-    ST_RETURN_IF_ERROR(pg.Barrier(collective));
-    if (rank != 0) return Status::Ok();
-    const std::string dir = (fs::path(run_dir) / ("checkpoint_" + TimeStamp())).string();
-    state["global_step"] = global_step;
-    state["world_size"] = world;
-    state["seed"] = o.seed;
-    state["model_id"] = o.model_id;
-    state["fsdp_units"] = o.fsdp_units;
-    state["dataset_split"] = o.dataset_split;
-    if (inside_epoch) {
-      state["step_in_epoch"] = step_in_epoch;
-      state["epoch_loss_sum"] = loss_sum;
-    }
-    ST_RETURN_IF_ERROR(CommitCheckpoint(
-        pending, dir, {&m, full.data(), tokenizer_dir, metrics_json, state.dump(2)}));
-    if (inside_epoch)
-      std::printf("Step checkpoint created at: %s (epoch %lld, step %lld of %lld)\n", dir.c_str(),
-                  (long long)epochs_done + 1, (long long)step_in_epoch, (long long)steps_per_epoch);
-    else
-      std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
-    std::fflush(stdout);
-    // A checkpoint inside an epoch is only a restart point: the next checkpoint replaces it.
-    for (size_t i = kept.size(); i-- > 0;) {
-      if (!kept[i].inside_epoch) continue;
-      std::error_code ec;
-      fs::remove_all(kept[i].path, ec);
-      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    kept.push_back({dir, Score(state, o.score_attribute), inside_epoch});
-    if (inside_epoch) return Status::Ok();
-    // Keep the best --num-to-keep by the score (CheckpointConfig(num_to_keep, score attribute,
-    // order)), and always the newest, which a resume needs, until a newer one exists.
-    const bool lower_is_better = o.score_order == "min";
-    std::stable_sort(kept.begin(), kept.end(), [&](const Checkpoint& a, const Checkpoint& b) {
-      return lower_is_better ? a.score < b.score : a.score > b.score;
-    });
-    const size_t budget = static_cast<size_t>(std::max(1, o.num_to_keep));
-    for (size_t i = kept.size(); i-- > budget;) {
-      if (kept[i].path == dir) continue;  // the newest stays beside the best ones
-      std::error_code ec;
-      fs::remove_all(kept[i].path, ec);
-      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    return Status::Ok();
-  };
+  const FinetuneOptions& o_;
+  dist::ProcessGroup& pg_;
+  const dist::CollectiveOptions collective_;
+  const int rank_, world_;
+  RunInputs in_;
+  Gemma4Engine engine_;
+  FsdpModel fsdp_;  // refers to in_.model's config and registry
+  const AdamWConfig adam_;
+  ProgressReporter reporter_;
+  RunDir run_;
+  std::vector<WorkerInfo> workers_;           // [world]
+  std::optional<Checkpointer> checkpointer_;  // once the run directory exists
+};
 
-  for (int64_t epoch = first_epoch; epoch < o.num_epochs; ++epoch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto batches =
-        EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, epoch);
-    // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time
-    // and throughput then cover the steps run since.
-    const int64_t skip = epoch == first_epoch ? resume_step : 0;
-    double loss_total = epoch == first_epoch ? resume_loss_sum : 0;
-    int64_t real_tokens = 0, step_in_epoch = skip;
-    const int64_t tokens_per_step = o.batch_size_per_device * world * o.max_seq_len;
-    for (size_t bi = static_cast<size_t>(skip); bi < batches.size(); ++bi) {
-      const auto& rows = batches[bi];
-      // Step metrics: data / compute / comm-wait split and collective totals, measured here and
-      // in FsdpModel without changing what is computed or the order of collectives.
-      using Clock = std::chrono::steady_clock;
-      const auto s0 = Clock::now();
-      const dist::CollectiveTotals c0 = pg.totals();
-      const double wait0 = fsdp.CommWaitSeconds();
-      TokenBatch tb = Collate(set, rows);
-      std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
-      const Batch b{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T};
-      int64_t batch_real = 0;
-      for (uint8_t v : mask) batch_real += v;
-      real_tokens += batch_real;
-      const auto s1 = Clock::now();
-      fsdp.ZeroGrad();
-      ST_ASSIGN_OR_RETURN(ForwardResult r, fsdp.ForwardBackward(engine, b));
-      double norm = -1, clip_s = 0;  // -1: rank 0 sums the ranks' squares instead
-      if (o.max_grad_norm > 0) {
-        const auto k0 = Clock::now();
-        ST_ASSIGN_OR_RETURN(norm, fsdp.ClipGradNorm(o.max_grad_norm));
-        clip_s = std::chrono::duration<double>(Clock::now() - k0).count();
-      }
-      WorkerSample mine;
-      if (norm < 0)
-        mine.grad_sq = static_cast<float>(SumOfSquares(fsdp.grads(), fsdp.shard_size()));
-      fsdp.OptimizerStep(adam, ++global_step);
-      loss_total += r.Loss();
-      ++step_in_epoch;
-      const auto s2 = Clock::now();
-      const dist::CollectiveTotals c1 = pg.totals();
-      const ProcessMemory mem = ReadProcessMemory();
-      mine.step_s = static_cast<float>(std::chrono::duration<double>(s2 - s0).count());
-      mine.data_s = static_cast<float>(std::chrono::duration<double>(s1 - s0).count());
-      mine.comm_wait_s = static_cast<float>(fsdp.CommWaitSeconds() - wait0 + clip_s);
-      mine.compute_s = std::max(0.0f, mine.step_s - mine.data_s - mine.comm_wait_s);
-      mine.real_tokens = static_cast<float>(batch_real);
-      mine.rss_mib = static_cast<float>(mem.rss_mib);
-      mine.peak_rss_mib = static_cast<float>(mem.peak_mib);
-      mine.comm_mib = static_cast<float>((c1.bytes - c0.bytes) / 1048576.0);
-      mine.comm_s = static_cast<float>(c1.seconds - c0.seconds);
-      // One all_gather of a few floats per step, on every rank, after the optimizer step.
-      ST_ASSIGN_OR_RETURN(std::vector<WorkerSample> samples, GatherSamples(pg, mine, collective));
-      if (rank == 0) {
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ShowProgress(o.progress, epoch + 1, o.num_epochs, step_in_epoch,
-                     static_cast<int64_t>(batches.size()), loss_total / step_in_epoch,
-                     tokens_per_step * (step_in_epoch - skip) / elapsed, elapsed);
-        if (observer) {
-          StepMetrics sm = SummariseStep(std::move(samples), r.Loss(), adam.lr, norm,
-                                         tokens_per_step, trainable_parameters);
-          sm.step = global_step;
-          sm.epoch = epoch + 1;
-          sm.step_in_epoch = step_in_epoch;
-          sm.steps_in_epoch = static_cast<int64_t>(batches.size());
-          observer->OnStep(sm);
-        }
-      }
-      if (o.save_steps > 0 && step_in_epoch % o.save_steps == 0 &&
-          step_in_epoch < static_cast<int64_t>(batches.size())) {
-        const double partial = loss_total / static_cast<double>(step_in_epoch);
-        ST_RETURN_IF_ERROR(save_checkpoint(
-            epoch, step_in_epoch, loss_total,
-            StrCat("{\"epoch\": ", epoch + 1, ", \"step_in_epoch\": ", step_in_epoch,
-                   ", \"loss_so_far\": ", partial, "}"),
-            {{"epoch", epoch}, {"loss_so_far", partial}}));
-      }
-    }
-    float real = static_cast<float>(real_tokens);
-    ST_RETURN_IF_ERROR(pg.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective));
-    const double epoch_time =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = loss_total / static_cast<double>(batches.size());
-    const double tokens_per_s = static_cast<double>(static_cast<int64_t>(batches.size()) - skip) *
-                                o.batch_size_per_device * world * o.max_seq_len / epoch_time;
-    char metrics[256];
-    std::snprintf(metrics, sizeof(metrics),
-                  "{'epoch': %lld, 'loss': %.4f, 'epoch_time_s': %.2f, 'tokens_per_s': %.1f}",
-                  (long long)(epoch + 1), std::round(loss * 1e4) / 1e4, epoch_time, tokens_per_s);
-    if (rank == 0) {
-      std::printf(
-          "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f\n",
-          (long long)(epoch + 1), (long long)o.num_epochs, loss, epoch_time, tokens_per_s,
-          real / epoch_time);
-      std::fflush(stdout);
-      if (observer) {
-        EpochMetrics em;
-        em.epoch = epoch + 1;
-        em.global_step = global_step;
-        em.loss = loss;
-        em.epoch_time_s = epoch_time;
-        em.tokens_per_s = tokens_per_s;
-        em.real_tokens_per_s = real / epoch_time;
-        em.unix_time =
-            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-        observer->OnEpoch(em);
-      }
-    }
-    char json[256];
-    std::snprintf(
-        json, sizeof(json),
-        "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
-        (long long)(epoch + 1), loss, epoch_time, tokens_per_s);
-    // The state holds every score attribute (--checkpoint-score-attribute ranks by it, also
-    // after a resume).
-    ST_RETURN_IF_ERROR(save_checkpoint(epoch, 0, loss, json,
-                                       {{"epoch", epoch + 1},
-                                        {"loss", loss},
-                                        {"epoch_time_s", epoch_time},
-                                        {"tokens_per_s", tokens_per_s}}));
-    final_metrics = metrics;
+Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                 const dist::CollectiveOptions& collective, TrainingObserver* observer,
+                 RunInputs in)
+    : o_(o),
+      pg_(pg),
+      collective_(collective),
+      rank_(pg.rank()),
+      world_(pg.size()),
+      in_(std::move(in)),
+      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len),
+      fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask,
+            FsdpOptionsOf(o, collective)),
+      adam_(AdamWOf(o, in_.from_dir)),
+      reporter_(pg.rank(), o.progress, o.num_epochs, observer) {
+  fsdp_.LoadFull(in_.model.params.data());
+}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                                                   const dist::CollectiveOptions& collective,
+                                                   TrainingObserver* observer) {
+  ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
+  ST_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o, pg.size(), pg.rank()));
+  std::unique_ptr<Trainer> t(new Trainer(o, pg, collective, observer, std::move(in)));
+  ST_ASSIGN_OR_RETURN(t->run_, OpenRunDir(o, pg.rank()));
+  t->reporter_.Setup(t->Summary());
+  // Who the ranks are (one all_gather), for rank 0's observer.
+  ST_ASSIGN_OR_RETURN(t->workers_, GatherWorkerInfo(pg, collective));
+  t->checkpointer_.emplace(t->CheckpointerOptionsOf(), t->in_.model, t->fsdp_, pg, collective);
+  return t;
+}
+
+SetupSummary Trainer::Summary() const {
+  SetupSummary s;
+  s.data = in_.data.report.Summary();
+  s.examples = in_.data.examples.size();
+  s.max_seq_len = o_.max_seq_len;
+  s.truncated = in_.data.examples.truncated;
+  s.steps_per_epoch = in_.steps_per_epoch;
+  s.world = world_;
+  s.batch_size_per_device = o_.batch_size_per_device;
+  s.lr = adam_.lr;
+  s.trainable_parameters = TrainableParameters();
+  s.frozen_parameters = in_.trainable.frozen;
+  return s;
+}
+
+CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
+  CheckpointerOptions c;
+  c.run_dir = run_.dir;
+  c.tokenizer_dir = in_.data.tokenizer_dir;
+  c.steps_per_epoch = in_.steps_per_epoch;
+  c.num_to_keep = o_.num_to_keep;
+  c.score_attribute = o_.score_attribute;
+  c.lower_is_better = o_.score_order == "min";
+  c.run_state = {{"seed", o_.seed},
+                 {"model_id", o_.model_id},
+                 {"fsdp_units", o_.fsdp_units},
+                 {"dataset_split", o_.dataset_split}};
+  return c;
+}
+
+StatusOr<TrainState> Trainer::Start() {
+  TrainState state;
+  if (o_.resume || o_.resume_if_any) {
+    ST_ASSIGN_OR_RETURN(state, checkpointer_->Resume(/*required=*/o_.resume));
   }
+  RunInfo info;
+  info.run_name = run_.name;
+  info.run_dir = run_.dir;
+  info.storage_path = run_.storage;
+  info.flags = FinetuneOptionsJson(o_);
+  info.world_size = world_;
+  info.num_epochs = o_.num_epochs;
+  info.first_epoch = state.epoch;
+  info.resumed_step = state.global_step;
+  info.steps_per_epoch = in_.steps_per_epoch;
+  info.tokens_per_step = o_.batch_size_per_device * world_ * o_.max_seq_len;
+  info.trainable_parameters = TrainableParameters();
+  info.workers = workers_;
+  reporter_.Start(info);
+  return state;
+}
+
+Status Trainer::RunEpoch(TrainState& state) {
+  const auto t0 = Clock::now();
+  const auto batches = EpochBatches(in_.data.examples.size(), world_, rank_,
+                                    o_.batch_size_per_device, o_.seed, state.epoch);
+  const int64_t steps = static_cast<int64_t>(batches.size());
+  // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time and
+  // throughput then cover the steps run since.
+  const int64_t skip = state.step_in_epoch;
+  int64_t real_tokens = 0;
+  const StepParts parts{engine_, fsdp_, adam_, o_.max_grad_norm, pg_, collective_};
+  for (int64_t i = skip; i < steps; ++i) {
+    ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, in_.data.examples,
+                                                   batches[static_cast<size_t>(i)], state));
+    real_tokens += step.real_tokens;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    reporter_.Step(state, steps, state.step_in_epoch - skip, elapsed, adam_.lr, std::move(step));
+    if (o_.save_steps > 0 && state.step_in_epoch % o_.save_steps == 0 &&
+        state.step_in_epoch < steps)
+      ST_RETURN_IF_ERROR(checkpointer_->SaveInsideEpoch(state));
+  }
+  return EndEpoch(state, t0, steps, skip, real_tokens);
+}
+
+// The epoch's figures (the real-token count all-reduced), its line, then its checkpoint.
+Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t skip,
+                         int64_t real_tokens) {
+  float real = static_cast<float>(real_tokens);
+  ST_RETURN_IF_ERROR(pg_.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective_));
+  EpochMetrics em;
+  em.epoch_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  em.epoch = state.epoch + 1;
+  em.global_step = state.global_step;
+  em.loss = state.epoch_loss_sum / static_cast<double>(steps);
+  em.tokens_per_s = static_cast<double>(steps - skip) * o_.batch_size_per_device * world_ *
+                    o_.max_seq_len / em.epoch_time_s;
+  em.real_tokens_per_s = real / em.epoch_time_s;
+  reporter_.Epoch(em);
+  state = TrainState{state.epoch + 1, state.global_step, 0, 0};
+  return checkpointer_->SaveEpoch(state, em);
+}
+
+Status Trainer::Finish() {
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
   // gathered units and the replicated (frozen) tensors.
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
-  ST_RETURN_IF_ERROR(pg.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective));
-  if (rank == 0) {
-    std::printf(
-        "Memory per worker: sharded state %.1f MiB (fp32 master, grads, 2 AdamW moments), "
-        "replicated %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
-        fsdp.ShardedStateBytes() / 1048576.0, fsdp.ReplicatedBytes() / 1048576.0,
-        engine.ActivationBytes() / 1048576.0, rss_mib);
-    std::printf("Training completed! Final metrics: %s\n", final_metrics.c_str());
-    std::printf("Saved checkpoint: %s\n", kept.empty() ? "(none)" : kept.front().path.c_str());
-    std::fflush(stdout);
-  }
+  ST_RETURN_IF_ERROR(pg_.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective_));
+  reporter_.Finish(
+      {fsdp_.ShardedStateBytes(), fsdp_.ReplicatedBytes(), engine_.ActivationBytes(), rss_mib},
+      checkpointer_->BestPath());
   return Status::Ok();
+}
+
+}  // namespace
+
+// Set-up, resume, the epochs, the report; each a component above (see Trainer).
+Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
+                   const dist::CollectiveOptions& collective, TrainingObserver* observer) {
+  ST_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                      Trainer::Create(o, pg, collective, observer));
+  ST_ASSIGN_OR_RETURN(TrainState state, trainer->Start());
+  while (state.epoch < o.num_epochs) ST_RETURN_IF_ERROR(trainer->RunEpoch(state));
+  return trainer->Finish();
 }
 
 }  // namespace st

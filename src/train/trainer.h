@@ -3,9 +3,13 @@
 // group, runs epochs of AdamW steps over a DistributedSampler-style data order, prints the seed's
 // per-epoch lines on rank 0 and writes a Hugging Face checkpoint per epoch (best kept).
 // Each checkpoint also holds every rank's FSDP shard (master weights, AdamW moments) and the
-// trainer state, so --resume continues exactly at the epoch boundary it stopped at.
-// A restarted group (--max-failures) resumes the same way (resume_if_any). Not yet: mid-epoch
-// checkpoints.
+// trainer state, so --resume continues exactly where it stopped: at an epoch boundary, or inside
+// an epoch from a --save-steps checkpoint. A restarted group (--max-failures) resumes the same way
+// (resume_if_any).
+// RunFinetune only wires components, one file each: set-up and the epoch loop (trainer.cpp), one
+// step (train_step.h), the Checkpointer (checkpointer.h) and rank 0's ProgressReporter
+// (progress.h), over a TrainState (train_state.h). A new capability adds a component, not a
+// branch in the loop.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,78 @@
+// The run's checkpointer, one per rank: writes a checkpoint of the training state (every rank its
+// shard, rank 0 the model and the JSON files), keeps the best --num-to-keep by the score plus the
+// newest, and finds where a resume starts (the newest checkpoint every rank can read).
+// Not the checkpoint format (checkpoint.h) and not when to write one (the trainer's epoch loop).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "dist/process_group.h"
+#include "io/model_loader.h"
+#include "parallel/fsdp.h"
+#include "train/step_metrics.h"
+#include "train/train_state.h"
+
+namespace st {
+
+struct CheckpointerOptions {
+  std::string run_dir;        // <storage>/<run name>
+  std::string tokenizer_dir;  // its tokenizer files are copied beside the model
+  int64_t steps_per_epoch = 0;
+  // Retention (Ray's CheckpointConfig): the best num_to_keep by the score attribute of
+  // trainer_state.json (loss, epoch, epoch_time_s, tokens_per_s), lowest first when
+  // lower_is_better.
+  int num_to_keep = 1;
+  std::string score_attribute = "loss";
+  bool lower_is_better = true;
+  // Fields added to every trainer_state.json (seed, model_id, fsdp_units, dataset_split).
+  nlohmann::json run_state = nlohmann::json::object();
+};
+
+class Checkpointer {
+ public:
+  // `model` (its config and registry) and `fsdp` must outlive the checkpointer.
+  Checkpointer(CheckpointerOptions options, const LoadedModel& model, FsdpModel& fsdp,
+               dist::ProcessGroup& pg, const dist::CollectiveOptions& collective);
+
+  // Every rank: the state of the newest checkpoint of the run that every rank could load its shard
+  // of (one all-reduce(min) per candidate tried), with the FSDP shards loaded from it. None usable:
+  // an error when `required` (--resume), else the state of a fresh start (a restart before the
+  // first checkpoint).
+  StatusOr<TrainState> Resume(bool required);
+
+  // Every rank: a checkpoint of `state`, at an epoch's end (state already counts the epoch, with
+  // step_in_epoch 0), ranked by `epoch`'s figures, or inside an epoch (a --save-steps restart
+  // point, replaced by the next checkpoint). Collectives: GatherFull, then two barriers.
+  Status SaveEpoch(const TrainState& state, const EpochMetrics& epoch);
+  Status SaveInsideEpoch(const TrainState& state);
+
+  // Rank 0: the front of the kept list (the best after an epoch checkpoint; the newest after a
+  // resume with nothing left to do); "" when there is none.
+  std::string BestPath() const;
+
+ private:
+  struct Kept {
+    std::string path;
+    double score;
+    bool inside_epoch = false;  // a --save-steps checkpoint: kept only until the next checkpoint
+  };
+  Status Save(const TrainState& state, const std::string& metrics_json, nlohmann::json fields);
+  // Rank 0, after committing `dir`: drops the previous inside-epoch checkpoint, then, for an epoch
+  // checkpoint, all but the best num_to_keep and `dir`.
+  void Retain(const std::string& dir, double score, bool inside_epoch);
+  void PrintResumed(const std::string& dir, const TrainState& state) const;
+
+  CheckpointerOptions options_;
+  const LoadedModel& model_;
+  FsdpModel& fsdp_;
+  dist::ProcessGroup& pg_;
+  dist::CollectiveOptions collective_;
+  std::vector<float> full_;  // [registry total]: the gathered fp32 parameters rank 0 writes
+  std::vector<Kept> kept_;   // rank 0's view of the run's checkpoints
+};
+
+}  // namespace st

@@ -1,0 +1,115 @@
+#include "train/progress.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+namespace st {
+
+namespace {
+
+// Progress of an epoch on rank 0: a bar redrawn in place on a terminal, or a plain line every
+// tenth of the epoch.
+void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_t step,
+                  int64_t steps, double loss, double tokens_per_s, double elapsed) {
+  if (mode == "off") return;
+  const double eta = step > 0 ? elapsed / step * (steps - step) : 0.0;
+  const int eta_s = static_cast<int>(eta + 0.5);
+  if (mode == "bar") {
+    const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(1, steps));
+    std::printf("\r  epoch %lld/%lld [%s%s] %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d ",
+                (long long)epoch, (long long)epochs, std::string(filled, '#').c_str(),
+                std::string(width - filled, '.').c_str(), (long long)step, (long long)steps, loss,
+                tokens_per_s, eta_s / 60, eta_s % 60);
+    if (step == steps) std::printf("\r%*s\r", 100, "");
+  } else {
+    const int64_t every = std::max<int64_t>(1, steps / 10);
+    if (step % every != 0 || step == steps) return;
+    std::printf("  epoch %lld/%lld step %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d\n",
+                (long long)epoch, (long long)epochs, (long long)step, (long long)steps, loss,
+                tokens_per_s, eta_s / 60, eta_s % 60);
+  }
+  std::fflush(stdout);
+}
+
+// The seed's final metrics: Ray's result dict as Python prints it.
+std::string SeedMetrics(const EpochMetrics& e) {
+  char metrics[256];
+  std::snprintf(metrics, sizeof(metrics),
+                "{'epoch': %lld, 'loss': %.4f, 'epoch_time_s': %.2f, 'tokens_per_s': %.1f}",
+                (long long)e.epoch, std::round(e.loss * 1e4) / 1e4, e.epoch_time_s, e.tokens_per_s);
+  return metrics;
+}
+
+}  // namespace
+
+ProgressReporter::ProgressReporter(int rank, std::string mode, int64_t num_epochs,
+                                   TrainingObserver* observer)
+    : rank_(rank), mode_(std::move(mode)), num_epochs_(num_epochs), observer_(observer) {}
+
+void ProgressReporter::Setup(const SetupSummary& s) const {
+  if (rank_ != 0) return;
+  std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", s.world);
+  std::printf(
+      "Data: %s; %lld examples of %lld tokens (%lld truncated); %lld steps per epoch of "
+      "%d x %lld; lr=%g; %.2f M trainable parameters, %.2f M frozen\n",
+      s.data.c_str(), (long long)s.examples, (long long)s.max_seq_len, (long long)s.truncated,
+      (long long)s.steps_per_epoch, s.world, (long long)s.batch_size_per_device, s.lr,
+      s.trainable_parameters / 1e6, s.frozen_parameters / 1e6);
+  std::fflush(stdout);
+}
+
+void ProgressReporter::Start(const RunInfo& run) {
+  tokens_per_step_ = run.tokens_per_step;
+  trainable_parameters_ = run.trainable_parameters;
+  if (run.first_epoch >= run.num_epochs && rank_ == 0)
+    std::printf("The run already finished %lld epochs (--num-epochs %lld): nothing to do\n",
+                (long long)run.first_epoch, (long long)run.num_epochs);
+  if (observer_) observer_->OnStart(run);
+}
+
+void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int64_t steps_run,
+                            double elapsed_s, double lr, StepResult step) {
+  if (rank_ != 0) return;
+  ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
+               state.epoch_loss_sum / state.step_in_epoch, tokens_per_step_ * steps_run / elapsed_s,
+               elapsed_s);
+  if (!observer_) return;
+  StepMetrics sm = SummariseStep(std::move(step.samples), step.loss, lr, step.grad_norm,
+                                 tokens_per_step_, trainable_parameters_);
+  sm.step = state.global_step;
+  sm.epoch = state.epoch + 1;
+  sm.step_in_epoch = state.step_in_epoch;
+  sm.steps_in_epoch = steps_in_epoch;
+  observer_->OnStep(sm);
+}
+
+void ProgressReporter::Epoch(EpochMetrics e) {
+  final_metrics_ = SeedMetrics(e);
+  if (rank_ != 0) return;
+  std::printf(
+      "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f\n",
+      (long long)e.epoch, (long long)num_epochs_, e.loss, e.epoch_time_s, e.tokens_per_s,
+      e.real_tokens_per_s);
+  std::fflush(stdout);
+  if (!observer_) return;
+  e.unix_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  observer_->OnEpoch(e);
+}
+
+void ProgressReporter::Finish(const MemoryReport& m, const std::string& best_checkpoint) const {
+  if (rank_ != 0) return;
+  std::printf(
+      "Memory per worker: sharded state %.1f MiB (fp32 master, grads, 2 AdamW moments), "
+      "replicated %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
+      m.sharded_bytes / 1048576.0, m.replicated_bytes / 1048576.0, m.activation_bytes / 1048576.0,
+      m.peak_rss_mib);
+  std::printf("Training completed! Final metrics: %s\n", final_metrics_.c_str());
+  std::printf("Saved checkpoint: %s\n",
+              best_checkpoint.empty() ? "(none)" : best_checkpoint.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace st

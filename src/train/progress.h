@@ -1,0 +1,61 @@
+// Rank 0's account of a run, for people and tools: the seed's printed lines (set-up, one per
+// epoch, the final ones), the --progress bar or lines, and the TrainingObserver's callbacks.
+// Not measurement (train_step.h, step_metrics.h) and never a collective, so reporting cannot
+// change what the ranks exchange. On other ranks it prints nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "train/step_metrics.h"
+#include "train/train_state.h"
+#include "train/train_step.h"
+
+namespace st {
+
+// What the set-up lines say about the data and the model.
+struct SetupSummary {
+  std::string data;  // DatasetReport::Summary()
+  int64_t examples = 0, max_seq_len = 0, truncated = 0, steps_per_epoch = 0;
+  int world = 1;
+  int64_t batch_size_per_device = 0;
+  double lr = 0;
+  int64_t trainable_parameters = 0, frozen_parameters = 0;
+};
+
+// The end-of-run memory line's figures, per worker.
+struct MemoryReport {
+  size_t sharded_bytes = 0, replicated_bytes = 0, activation_bytes = 0;
+  float peak_rss_mib = 0;  // max over ranks
+};
+
+class ProgressReporter {
+ public:
+  // mode: --progress once the CLI has resolved auto (bar | lines | off); observer: may be null.
+  ProgressReporter(int rank, std::string mode, int64_t num_epochs, TrainingObserver* observer);
+
+  // "Setting up process group ..." and "Data: ...".
+  void Setup(const SetupSummary& setup) const;
+  // Once the run's starting state is known: says when nothing is left to do, then the observer's
+  // OnStart. Keeps the run's tokens per step and trainable parameters for Step.
+  void Start(const RunInfo& run);
+  // After each step: the bar or line, and the observer's step record. `steps_run`: steps of this
+  // epoch run since it (re)started, over `elapsed_s`.
+  void Step(const TrainState& state, int64_t steps_in_epoch, int64_t steps_run, double elapsed_s,
+            double lr, StepResult step);
+  // The seed's "Epoch E/N | loss=..." line and the observer's epoch record.
+  void Epoch(EpochMetrics epoch);
+  // The memory line, the seed's final metrics (the last epoch's) and the kept checkpoint.
+  void Finish(const MemoryReport& memory, const std::string& best_checkpoint) const;
+
+ private:
+  int rank_;
+  std::string mode_;
+  int64_t num_epochs_;
+  TrainingObserver* observer_;
+  int64_t tokens_per_step_ = 0, trainable_parameters_ = 0;
+  std::string final_metrics_;  // the seed's dict of the last epoch
+};
+
+}  // namespace st

@@ -1,0 +1,54 @@
+#include "train/train_step.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace st {
+
+StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
+                               std::span<const int64_t> rows, TrainState& state) {
+  // Step metrics: data / compute / comm-wait split and collective totals, measured here and in
+  // FsdpModel without changing what is computed or the order of collectives.
+  using Clock = std::chrono::steady_clock;
+  const auto s0 = Clock::now();
+  const dist::CollectiveTotals c0 = p.pg.totals();
+  const double wait0 = p.fsdp.CommWaitSeconds();
+  TokenBatch tb = Collate(set, rows);
+  std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());  // [B, T]
+  const Batch b{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T};
+  StepResult out;
+  for (uint8_t v : mask) out.real_tokens += v;
+  const auto s1 = Clock::now();
+  p.fsdp.ZeroGrad();
+  ST_ASSIGN_OR_RETURN(ForwardResult r, p.fsdp.ForwardBackward(p.engine, b));
+  double clip_s = 0;  // grad_norm -1: rank 0 sums the ranks' squares instead
+  if (p.max_grad_norm > 0) {
+    const auto k0 = Clock::now();
+    ST_ASSIGN_OR_RETURN(out.grad_norm, p.fsdp.ClipGradNorm(p.max_grad_norm));
+    clip_s = std::chrono::duration<double>(Clock::now() - k0).count();
+  }
+  WorkerSample mine;
+  if (out.grad_norm < 0)
+    mine.grad_sq = static_cast<float>(SumOfSquares(p.fsdp.grads(), p.fsdp.shard_size()));
+  p.fsdp.OptimizerStep(p.adam, ++state.global_step);
+  out.loss = r.Loss();
+  state.epoch_loss_sum += out.loss;
+  ++state.step_in_epoch;
+  const auto s2 = Clock::now();
+  const dist::CollectiveTotals c1 = p.pg.totals();
+  const ProcessMemory mem = ReadProcessMemory();
+  mine.step_s = static_cast<float>(std::chrono::duration<double>(s2 - s0).count());
+  mine.data_s = static_cast<float>(std::chrono::duration<double>(s1 - s0).count());
+  mine.comm_wait_s = static_cast<float>(p.fsdp.CommWaitSeconds() - wait0 + clip_s);
+  mine.compute_s = std::max(0.0f, mine.step_s - mine.data_s - mine.comm_wait_s);
+  mine.real_tokens = static_cast<float>(out.real_tokens);
+  mine.rss_mib = static_cast<float>(mem.rss_mib);
+  mine.peak_rss_mib = static_cast<float>(mem.peak_mib);
+  mine.comm_mib = static_cast<float>((c1.bytes - c0.bytes) / 1048576.0);
+  mine.comm_s = static_cast<float>(c1.seconds - c0.seconds);
+  // One all_gather of a few floats per step, on every rank, after the optimizer step.
+  ST_ASSIGN_OR_RETURN(out.samples, GatherSamples(p.pg, mine, p.collective));
+  return out;
+}
+
+}  // namespace st

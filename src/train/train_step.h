@@ -1,0 +1,45 @@
+// One optimizer step on one batch, on every rank: collate the rank's rows, forward and backward
+// through FSDP, clip by the global norm when asked, the AdamW step, and the step's measurements
+// gathered from every rank (step_metrics.h). Not the data order (EpochBatches), nor what is
+// printed, observed or checkpointed after a step (the trainer's epoch loop).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "data/collate.h"
+#include "dist/process_group.h"
+#include "model/gemma4.h"
+#include "parallel/fsdp.h"
+#include "train/adamw.h"
+#include "train/step_metrics.h"
+#include "train/train_state.h"
+
+namespace st {
+
+// What a step works on; all of it outlives the step.
+struct StepParts {
+  Gemma4Engine& engine;
+  FsdpModel& fsdp;
+  const AdamWConfig& adam;
+  double max_grad_norm;  // 0 = no clipping
+  dist::ProcessGroup& pg;
+  dist::CollectiveOptions collective;
+};
+
+struct StepResult {
+  double loss = 0;          // the global batch's mean token loss
+  double grad_norm = -1;    // the global norm when clipping, else -1 (SummariseStep sums grad_sq)
+  int64_t real_tokens = 0;  // attention-mask ones of this rank's batch
+  std::vector<WorkerSample> samples;  // [world]: every rank's measurements of the step
+};
+
+// Runs the step on `rows` of `set` and advances `state` (global_step, step_in_epoch,
+// epoch_loss_sum). Collectives, the same on every rank: FsdpModel::ForwardBackward's, one
+// all-reduce when clipping, then one all-gather of the samples after the optimizer step.
+StatusOr<StepResult> TrainStep(const StepParts& parts, const TokenizedSet& set,
+                               std::span<const int64_t> rows, TrainState& state);
+
+}  // namespace st
