@@ -22,6 +22,7 @@
 #include "observe/recorder.h"
 #include "train/checkpoint.h"
 #include "train/memory_estimate.h"
+#include "train/trainable.h"
 #include "train/trainer.h"
 
 namespace st::cli {
@@ -220,9 +221,10 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     if (cfg.ok() && checks) {
       ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, a.o.batch_size_per_device, a.o.max_seq_len));
       const ParamRegistry registry = BuildParamRegistry(*cfg);
-      ST_ASSIGN_OR_RETURN(const std::vector<bool> trainable, TrainableMask(registry, a.o.freeze));
-      const WorkerMemoryEstimate estimate = EstimateWorkerMemory(
-          *cfg, registry, trainable, topo.world_size(), a.o.batch_size_per_device, a.o.max_seq_len);
+      ST_ASSIGN_OR_RETURN(const Trainable trainable, TrainableTensors(registry, a.o.freeze));
+      const WorkerMemoryEstimate estimate =
+          EstimateWorkerMemory(*cfg, registry, trainable.mask, topo.world_size(),
+                               a.o.batch_size_per_device, a.o.max_seq_len);
       const int local = env.is_worker() ? env.local_world_size : topo.world_size();
       ST_RETURN_IF_ERROR(
           CheckHostMemory(estimate, local, launch::AvailableMemoryBytes(), a.o.model_id));

@@ -1,27 +1,10 @@
 #include "train/memory_estimate.h"
 
 #include <algorithm>
-#include <regex>
 
 #include "model/gemma4.h"
 
 namespace st {
-
-StatusOr<std::vector<bool>> TrainableMask(const ParamRegistry& registry,
-                                          const std::string& freeze) {
-  std::regex re;
-  try {
-    if (!freeze.empty()) re = std::regex(freeze);
-  } catch (const std::regex_error&) {
-    return InvalidArgument("--freeze '" + freeze + "' is not a valid regular expression");
-  }
-  std::vector<bool> trainable(registry.layout.size());
-  for (int i = 0; i < registry.layout.size(); ++i) {
-    const bool frozen = !freeze.empty() && std::regex_search(registry.layout.entry(i).name, re);
-    trainable[i] = !registry.is_buffer[i] && !frozen;
-  }
-  return trainable;
-}
 
 double WorkerMemoryEstimate::total() const {
   double sum = 0;

@@ -16,10 +16,6 @@
 
 namespace st {
 
-// Trainable tensors: every entry that is not a buffer and whose HF name `freeze` (a regex, "" =
-// none) does not match. InvalidArgument for a bad regex.
-StatusOr<std::vector<bool>> TrainableMask(const ParamRegistry& registry, const std::string& freeze);
-
 struct WorkerMemoryEstimate {
   std::vector<std::pair<std::string, double>> terms;  // (what, bytes), largest first
   double total() const;

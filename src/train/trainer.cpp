@@ -9,7 +9,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 
 #include "core/rng.h"
 #include "data/collate.h"
@@ -25,6 +24,7 @@
 #include "train/progress.h"
 #include "train/train_state.h"
 #include "train/train_step.h"
+#include "train/trainable.h"
 
 namespace st {
 
@@ -105,30 +105,6 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// What --freeze leaves trainable: per registry entry, everything but buffers and the tensors the
-// regex matches.
-struct Trainable {
-  std::vector<bool> mask;  // [registry entries]
-  int64_t frozen = 0;      // elements matched by --freeze
-};
-
-StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::string& regex) {
-  Trainable t;
-  t.mask.resize(registry.layout.size());
-  std::regex freeze;
-  try {
-    if (!regex.empty()) freeze = std::regex(regex);
-  } catch (const std::regex_error&) {
-    return InvalidArgument("--freeze '" + regex + "' is not a valid regular expression");
-  }
-  for (int i = 0; i < registry.layout.size(); ++i) {
-    const bool match = !regex.empty() && std::regex_search(registry.layout.entry(i).name, freeze);
-    t.mask[i] = !registry.is_buffer[i] && !match;
-    if (match) t.frozen += registry.layout.entry(i).numel;
-  }
-  return t;
-}
 
 // The model and data of a run, loaded and checked on every rank before anything is sharded.
 struct RunInputs {
