@@ -8,6 +8,10 @@ set -euo pipefail
 deb="$(realpath "$1")"
 root="${2:-/tmp/slicetrain-clean-debian}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+if ! command -v debootstrap >/dev/null; then
+  echo "== installing debootstrap"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap > /dev/null
+fi
 if [ ! -x "$root/usr/bin/apt-get" ]; then
   echo "== debootstrap --variant=minbase bookworm $root"
   debootstrap --variant=minbase bookworm "$root" "$mirror" > "$root.debootstrap.log" 2>&1 ||

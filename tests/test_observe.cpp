@@ -944,9 +944,12 @@ TEST(ObserveE2E, DashboardBeyondLoopbackPrintsItsTokenOnce) {
   const std::string dir = test::TempDir("observe_token");
   auto run_with = [&](const std::string& name, const std::string& env) {
     const test::Ran r = test::RunCommand(
-        env + " timeout 300 " ST_BINARY " finetune --dataset-split 'train[:16]' --num-epochs 1 "
+        env +
+        " timeout 300 " ST_BINARY
+        " finetune --dataset-split 'train[:16]' --num-epochs 1 "
         "--max-seq-len 16 --progress off --dashboard-host 0.0.0.0 --dashboard-port 0 "
-        "--storage-path " + dir + " --run-name " + name);
+        "--storage-path " +
+        dir + " --run-name " + name);
     EXPECT_EQ(r.code, 0) << r.out;
     std::smatch m;
     const std::regex url(R"(Dashboard: http://127\.0\.0\.1:\d+/\?token=([0-9a-zA-Z_-]+)\n)");
