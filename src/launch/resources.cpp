@@ -57,6 +57,25 @@ double Tightest(const std::string& dir, const std::string& cgroup, ReadQuota rea
   return best;
 }
 
+// The cgroup path of `controller` in /proc/self/cgroup's text (lines "id:controllers:path"):
+// "" names the v2 line ("0::/path"), else a v1 line listing it ("1:cpu,cpuacct:/path").
+bool CgroupPath(const std::string& proc_cgroup, const std::string& controller, std::string* out) {
+  std::istringstream in(proc_cgroup);
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    bool match = controller.empty() && controllers.empty() && line.compare(0, a, "0") == 0;
+    std::istringstream cs(controllers);
+    for (std::string c; !controller.empty() && std::getline(cs, c, ',');) match |= c == controller;
+    if (match) {
+      *out = line.substr(b + 1);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 int CpuBudget::usable() const {
@@ -95,27 +114,9 @@ double ParseCfsQuota(const std::string& quota_us, const std::string& period_us) 
 }
 
 double ReadCgroupCpuQuota(const std::string& proc_cgroup, const std::string& root) {
-  // Lines "id:controllers:path": "0::/path" is the v2 hierarchy; a v1 line lists "cpu" among
-  // its controllers ("1:cpu,cpuacct:/path").
   std::string v2_path, v1_path;
-  bool has_v2 = false, has_v1 = false;
-  std::istringstream in(proc_cgroup);
-  for (std::string line; std::getline(in, line);) {
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
-      has_v2 = true;
-      v2_path = path;
-      continue;
-    }
-    std::istringstream cs(controllers);
-    for (std::string c; std::getline(cs, c, ',');)
-      if (c == "cpu") {
-        has_v1 = true;
-        v1_path = path;
-      }
-  }
+  const bool has_v2 = CgroupPath(proc_cgroup, "", &v2_path);
+  const bool has_v1 = CgroupPath(proc_cgroup, "cpu", &v1_path);
   double best = 0;
   auto tighter = [&best](double q) {
     if (q > 0 && (best == 0 || q < best)) best = q;
@@ -148,24 +149,6 @@ CpuBudget ReadCpuBudget() {
 }
 
 namespace {
-
-// The cgroup path of `controller` ("" = the v2 line) in /proc/self/cgroup's text, or nullopt.
-bool CgroupPath(const std::string& proc_cgroup, const std::string& controller, std::string* out) {
-  std::istringstream in(proc_cgroup);
-  for (std::string line; std::getline(in, line);) {
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    bool match = controller.empty() ? controllers.empty() : false;
-    std::istringstream cs(controllers);
-    for (std::string c; !controller.empty() && std::getline(cs, c, ',');) match |= c == controller;
-    if (match) {
-      *out = line.substr(b + 1);
-      return true;
-    }
-  }
-  return false;
-}
 
 // Room left under one cgroup's limit, 0 = no limit there.
 double RoomUnder(const std::string& limit_text, const std::string& usage_text) {

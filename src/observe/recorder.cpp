@@ -88,6 +88,7 @@ void RunRecorder::OnStart(const RunInfo& run) {
   WriteFileAtomically(fs::path(run.run_dir) / "cluster.json",
                       nlohmann::json{{"world_size", run.world_size}, {"workers", workers}}.dump(2));
   heartbeat_time_ = start_time_;
+  pid_start_ = ProcessStartTicks(::getpid());
   WriteRunJsonLocked();
   ++version_;
   changed_.notify_all();
@@ -219,7 +220,7 @@ nlohmann::json RunRecorder::RunJson() const {
                       {"end_time", end_time_ > 0 ? nlohmann::json(end_time_) : nlohmann::json()},
                       {"hostname", HostName()},
                       {"pid", static_cast<int64_t>(::getpid())},
-                      {"pid_start", ProcessStartTicks(::getpid())},
+                      {"pid_start", pid_start_},
                       {"heartbeat_time", heartbeat_time_},
                       {"world_size", run_.world_size},
                       {"num_epochs", run_.num_epochs},

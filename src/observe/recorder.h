@@ -88,6 +88,7 @@ class RunRecorder : public TrainingObserver {
   // `slicetrain runs` on another host of a shared storage path tells a lost run from a live one.
   static constexpr int kHeartbeatSeconds = 10;
   double heartbeat_time_ = 0;
+  int64_t pid_start_ = 0;  // this process's start time (ProcessStartTicks), read once
   bool stop_heartbeat_ = false;
   std::thread heartbeat_;
 };
