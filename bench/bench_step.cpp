@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     }
     st::LoadedModel& m = loaded.value();
     st::Gemma4Engine engine(m.config, batch, seq);
-    std::vector<float> grads(m.params.size(), 0.0f);
+    const st::AlignedBuffer params = st::MaterializeParams(m);
+    std::vector<float> grads(params.size(), 0.0f);
     std::vector<int32_t> ids(batch * seq);
     st::Rng rng(7);
     for (auto& id : ids) id = 1 + static_cast<int32_t>(rng.Below(m.config.vocab_size - 1));
@@ -60,9 +61,9 @@ int main(int argc, char** argv) {
       std::vector<double> step_s, fwd_s;
       for (int s = 0; s <= steps; ++s) {
         const auto t0 = std::chrono::steady_clock::now();
-        st::ForwardResult r = engine.Forward(m.params.data(), b);
+        st::ForwardResult r = engine.Forward(params.data(), b);
         const double f = Seconds(t0);
-        engine.Backward(m.params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
+        engine.Backward(params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
         if (s > 0) {  // step 0 warms caches, pages and thread pools
           step_s.push_back(Seconds(t0));
           fwd_s.push_back(f);

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "io/model_loader.h"
+#include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "train/trainer.h"
 
@@ -46,6 +47,14 @@ Status Run(const EvaluateArgs& a) {
       LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.max_seq_len, data_dir));
   const TokenizedSet& set = data.examples;
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);
+  // Nothing is trained: every tensor is served as FrozenWeights serves frozen ones (the lookup
+  // table's rows from the mapped files, each layer converted when the engine enters it).
+  FrozenWeights frozen(m.registry, *m.weights,
+                       std::vector<bool>(static_cast<size_t>(m.registry.layout.size()), true));
+  ParamTable table;
+  table.param.assign(m.registry.layout.size(), nullptr);
+  table.grad.assign(m.registry.layout.size(), nullptr);
+  frozen.Bind(&table);
   double loss_sum = 0;
   int64_t tokens = 0;
   for (int64_t start = 0; start < set.size(); start += a.batch_size) {
@@ -54,7 +63,7 @@ Status Run(const EvaluateArgs& a) {
     TokenBatch tb = Collate(set, rows);
     std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
     ForwardResult r = engine.Forward(
-        m.params.data(), Batch{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T});
+        table, Batch{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T}, &frozen);
     loss_sum += r.loss_sum;
     tokens += r.num_valid;
   }

@@ -94,6 +94,10 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.fsdp_units,
                                   "--freeze",
                                   o.freeze,
+                                  "--save-dtype",
+                                  o.save_dtype,
+                                  "--max-shard-size",
+                                  o.max_shard_size,
                                   "--data-dir",
                                   o.data_dir,
                                   "--checkpoint-score-attribute",
@@ -320,7 +324,17 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--fsdp-units", o.fsdp_units,
                   "mlp (each layer's MLP is a unit, as the seed) or layer")
       ->capture_default_str();
-  cmd->add_option("--freeze", o.freeze, "Regex of tensor names to freeze (replicated, no gradient)")
+  cmd->add_option("--freeze", o.freeze,
+                  "Regex of tensor names to freeze (no gradient or optimizer state; read from "
+                  "--model-id as needed, never copied whole)")
+      ->capture_default_str();
+  cmd->add_option("--save-dtype", o.save_dtype,
+                  "dtype of the trained tensors in each checkpoint's model files: bf16, fp16 or "
+                  "fp32 (default: the --model-id checkpoint's, fp32 for a preset); frozen tensors "
+                  "keep theirs");
+  cmd->add_option("--max-shard-size", o.max_shard_size,
+                  "Largest model file of a checkpoint; a larger model is split into files with a "
+                  "model.safetensors.index.json, as transformers' max_shard_size")
       ->capture_default_str();
   AddDataDirOption(cmd, &o.data_dir);
   cmd->add_option("--checkpoint-score-attribute", o.score_attribute,

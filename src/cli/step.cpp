@@ -28,7 +28,9 @@ Status RunStep(const StepOptions& o) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const Gemma4Config& c = m.config;
   Gemma4Engine engine(c, o.batch, o.seq);
-  std::vector<float> grads(m.params.size(), 0.0f);
+  // One process trains every tensor: the whole model in fp32, with a gradient for each.
+  const AlignedBuffer params = MaterializeParams(m);
+  std::vector<float> grads(params.size(), 0.0f);
   std::vector<int32_t> ids(o.batch * o.seq);
   Rng rng(o.seed + 1);
   const double flops = TrainingFlops(c, m.registry, o.batch, o.seq);
@@ -39,8 +41,8 @@ Status RunStep(const StepOptions& o) {
     for (auto& id : ids) id = 1 + static_cast<int32_t>(rng.Below(c.vocab_size - 1));
     const Batch batch{ids.data(), nullptr, ids.data(), o.batch, o.seq};
     const auto t0 = std::chrono::steady_clock::now();
-    ForwardResult r = engine.Forward(m.params.data(), batch);
-    engine.Backward(m.params.data(), grads.data(), batch, 1.0f / static_cast<float>(r.num_valid));
+    ForwardResult r = engine.Forward(params.data(), batch);
+    engine.Backward(params.data(), grads.data(), batch, 1.0f / static_cast<float>(r.num_valid));
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("step %lld/%lld | loss=%.4f | step_time=%.3fs | tokens/s=%.1f | %.1f GFLOP/s\n",
                 (long long)(s + 1), (long long)o.steps, r.Loss(), sec, o.batch * o.seq / sec,

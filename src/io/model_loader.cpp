@@ -24,9 +24,9 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
     ST_ASSIGN_OR_RETURN(m.config, LoadGemma4Config(model_id + "/config.json"));
     m.registry = BuildParamRegistry(m.config);
     // Weights take at least a byte each: files far smaller than the config's parameter count
-    // cannot hold the model, so say so before allocating the arena that config.json alone sized
-    // (an absurd config would otherwise fail as an allocation, not as a message). Small models go
-    // on to LoadParams, which names the first missing or misshapen tensor.
+    // cannot hold the model, so say that first (an absurd config would otherwise be reported as
+    // its first misshapen tensor, or fail later as an allocation). Small models go on to
+    // CheckpointWeights::Open, which names the first missing or misshapen tensor.
     const int64_t total = m.registry.layout.total();
     if (total > (int64_t{1} << 28)) {
       uintmax_t bytes = 0;
@@ -39,9 +39,14 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
                                " parameters but the weight files hold only ", bytes,
                                " bytes; config.json does not match the weights"));
     }
-    m.params = AlignedBuffer(m.registry.layout.total(), "the model's fp32 weights");
-    ST_ASSIGN_OR_RETURN(LoadReport report,
-                        LoadParams(files, m.config, m.registry, m.params.data()));
+    const std::string index =
+        (std::filesystem::path(model_id) / "model.safetensors.index.json").string();
+    ST_ASSIGN_OR_RETURN(
+        std::unique_ptr<CheckpointWeights> weights,
+        CheckpointWeights::Open(files, m.registry,
+                                std::filesystem::exists(index, ec) ? index : std::string()));
+    m.report = weights->report();
+    m.weights = std::move(weights);
     m.source = model_id;
     return m;
   }
@@ -53,10 +58,16 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed) {
   }
   m.config = std::move(preset).value();
   m.registry = BuildParamRegistry(m.config);
-  m.params = AlignedBuffer(m.registry.layout.total(), "the model's fp32 weights");
-  InitParams(m.config, m.registry, m.params.data(), seed);
+  m.weights = std::make_unique<PresetWeights>(m.config, m.registry, seed);
   m.source = "preset " + model_id + " (seed " + std::to_string(seed) + ")";
   return m;
+}
+
+AlignedBuffer MaterializeParams(const LoadedModel& m) {
+  AlignedBuffer params(m.registry.layout.total(), "the model's fp32 weights");
+  for (int i = 0; i < m.registry.layout.size(); ++i)
+    m.weights->ReadAll(i, params.data() + m.registry.layout.entry(i).offset);
+  return params;
 }
 
 StatusOr<std::string> ResolveModelSource(const std::string& model_id, const HubOptions& hub) {

@@ -1,27 +1,36 @@
-// Resolves --model-id into a config and initial parameters: a built-in preset (seeded random
-// initialisation, as transformers would build the model from its config) or a local Hugging Face
-// model directory (config.json + safetensors). Lives in io/ because it reads files; hub ids are
-// resolved to a local snapshot directory by io/hub.h first.
+// Resolves --model-id into a config and a source of initial parameters: a built-in preset (seeded
+// random initialisation, as transformers would build the model from its config) or a local Hugging
+// Face model directory (config.json + safetensors, memory-mapped). Nothing is materialised here:
+// each rank reads the ranges it owns from `weights`. Lives in io/ because it reads files; hub ids
+// are resolved to a local snapshot directory by io/hub.h first.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/hf_model.h"
 #include "io/hub.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/weights.h"
 
 namespace st {
 
 struct LoadedModel {
   Gemma4Config config;
   ParamRegistry registry;
-  AlignedBuffer params;
+  std::unique_ptr<WeightSource> weights;
   std::string source;  // "preset gemma4-tiny (seed 42)" or the directory
+  LoadReport report;   // a directory's: files, bytes, prefix
 };
 
 StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed);
+
+// The whole model as one fp32 arena (registry layout): for small models and single-process tools
+// (`step`, benchmarks, tests); training and `evaluate` never do this.
+AlignedBuffer MaterializeParams(const LoadedModel& m);
 
 // --model-id as something LoadModel reads: a local directory or a preset name unchanged; a hub id
 // (org/name) is fetched into (or, offline, found in) the huggingface_hub cache and its snapshot

@@ -341,13 +341,13 @@ Status WriteAll(int fd, const void* buf, size_t size, const std::string& path) {
   return Status::Ok();
 }
 
-// The header and byte count of a file WriteSafeTensors is about to write.
+// The header and byte counts of a file about to be written.
 struct WritePlan {
   std::string header;  // JSON, space-padded to a multiple of 8 bytes
-  std::vector<int64_t> numel;
+  std::vector<size_t> bytes;
 };
 
-StatusOr<WritePlan> PlanWrite(const std::vector<TensorToWrite>& tensors,
+StatusOr<WritePlan> PlanWrite(const std::vector<TensorSpec>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   WritePlan plan;
   Json header = Json::object();
@@ -358,7 +358,7 @@ StatusOr<WritePlan> PlanWrite(const std::vector<TensorToWrite>& tensors,
   }
   std::unordered_set<std::string> names;
   size_t offset = 0;
-  for (const TensorToWrite& t : tensors) {
+  for (const TensorSpec& t : tensors) {
     const std::string where = StrCat("tensor '", t.name, "'");
     if (t.name == "__metadata__") return InvalidArgument("a tensor cannot be named __metadata__");
     if (!names.insert(t.name).second) return InvalidArgument(StrCat(where, " given twice"));
@@ -368,13 +368,12 @@ StatusOr<WritePlan> PlanWrite(const std::vector<TensorToWrite>& tensors,
         return InvalidArgument(StrCat(where, ": invalid shape ", ShapeString(t.shape)));
       }
     }
-    if (numel > 0 && t.data == nullptr) return InvalidArgument(StrCat(where, ": data is null"));
     size_t bytes = static_cast<size_t>(numel) * DTypeSize(t.dtype);
     header[t.name] = {{"dtype", DTypeName(t.dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    plan.numel.push_back(numel);
+    plan.bytes.push_back(bytes);
   }
   try {
     plan.header = header.dump();  // strict: invalid UTF-8 in a name or metadata throws
@@ -383,34 +382,6 @@ StatusOr<WritePlan> PlanWrite(const std::vector<TensorToWrite>& tensors,
   }
   plan.header.append((8 - plan.header.size() % 8) % 8, ' ');
   return plan;
-}
-
-// Writes the length prefix, header and tensor bytes to fd.
-Status WriteBody(int fd, const WritePlan& plan, const std::vector<TensorToWrite>& tensors,
-                 const std::string& tmp) {
-  unsigned char len[8];
-  uint64_t n = plan.header.size();
-  std::memcpy(len, &n, 8);  // little-endian host (static_assert above)
-  ST_RETURN_IF_ERROR(WriteAll(fd, len, 8, tmp));
-  ST_RETURN_IF_ERROR(WriteAll(fd, plan.header.data(), plan.header.size(), tmp));
-  std::vector<uint16_t> buf;
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorToWrite& t = tensors[i];
-    int64_t numel = plan.numel[i];
-    if (t.dtype == DType::kF32) {
-      if (numel > 0) ST_RETURN_IF_ERROR(WriteAll(fd, t.data, static_cast<size_t>(numel) * 4, tmp));
-      continue;
-    }
-    buf.resize(static_cast<size_t>(std::min(numel, kChunk)));
-    for (int64_t j = 0; j < numel; j += kChunk) {
-      int64_t m = std::min(kChunk, numel - j);
-      ConvertFromF32(t.dtype, t.data + j, buf.data(), m);
-      ST_RETURN_IF_ERROR(WriteAll(fd, buf.data(), static_cast<size_t>(m) * 2, tmp));
-    }
-  }
-  if (::fsync(fd) != 0) return IoError(StrCat(tmp, ": fsync failed: ", ErrnoString(errno)));
-  return Status::Ok();
 }
 
 // fsyncs the directory holding path, so that a rename into it survives a crash.
@@ -546,25 +517,39 @@ StatusOr<const SafeTensorInfo*> SafeTensorsFile::Lookup(const std::string& name,
 
 Status SafeTensorsFile::ReadF32(const std::string& name, float* dst, const Shape& expected) const {
   ST_ASSIGN_OR_RETURN(const SafeTensorInfo* t, Lookup(name, expected));
-  const int64_t n = Numel(t->shape);
-  const unsigned char* src = static_cast<const unsigned char*>(Data(*t));
-  if (t->dtype == "F32") {
-    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  } else if (t->dtype == "BF16") {
-    Convert16ToF32(DType::kBF16, src, dst, n);
-  } else if (t->dtype == "F16") {
-    Convert16ToF32(DType::kF16, src, dst, n);
-  } else if (t->dtype == "F64") {
-    for (int64_t i = 0; i < n; ++i) {
+  if (!IsFloatDType(t->dtype))
+    return InvalidArgument(StrCat(path_, ": tensor '", name, "' has dtype ", t->dtype,
+                                  ", which cannot be read as fp32 (F32, BF16, F16, F64 can)"));
+  ReadF32Range(*t, 0, Numel(t->shape), dst);
+  return Status::Ok();
+}
+
+bool SafeTensorsFile::IsFloatDType(const std::string& dtype) {
+  return dtype == "F32" || dtype == "BF16" || dtype == "F16" || dtype == "F64";
+}
+
+void SafeTensorsFile::ReadF32Range(const SafeTensorInfo& t, int64_t begin, int64_t count,
+                                   float* dst) const {
+  const size_t elem = t.dtype == "F64" ? 8 : (t.dtype == "F32" ? 4 : 2);
+  ST_CHECK(IsFloatDType(t.dtype) && begin >= 0 && count >= 0 &&
+           static_cast<size_t>(begin + count) * elem <= t.end - t.begin)
+      << "range [" << begin << ", " << begin + count << ") of tensor '" << t.name << "' ("
+      << t.dtype << ") is outside it in " << path_;
+  if (count == 0) return;
+  const unsigned char* src = static_cast<const unsigned char*>(Data(t)) + begin * elem;
+  if (t.dtype == "F32") {
+    std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+  } else if (t.dtype == "BF16") {
+    Convert16ToF32(DType::kBF16, src, dst, count);
+  } else if (t.dtype == "F16") {
+    Convert16ToF32(DType::kF16, src, dst, count);
+  } else {
+    for (int64_t i = 0; i < count; ++i) {
       double v;
       std::memcpy(&v, src + i * 8, 8);
       dst[i] = static_cast<float>(v);
     }
-  } else {
-    return InvalidArgument(StrCat(path_, ": tensor '", name, "' has dtype ", t->dtype,
-                                  ", which cannot be read as fp32 (F32, BF16, F16, F64 can)"));
   }
-  return Status::Ok();
 }
 
 Status SafeTensorsFile::ReadI32(const std::string& name, int32_t* dst,
@@ -588,27 +573,157 @@ Status SafeTensorsFile::ReadI32(const std::string& name, int32_t* dst,
 
 // ---- writing ----
 
-Status WriteSafeTensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+size_t SafeTensorsBytes(const std::vector<TensorSpec>& tensors) {
+  size_t n = 0;
+  for (const TensorSpec& t : tensors) n += static_cast<size_t>(Numel(t.shape)) * DTypeSize(t.dtype);
+  return n;
+}
+
+StatusOr<SafeTensorsWriter> SafeTensorsWriter::Create(
+    const std::string& path, std::vector<TensorSpec> tensors,
+    const std::map<std::string, std::string>& metadata) {
   StatusOr<WritePlan> plan = PlanWrite(tensors, metadata);
   if (!plan.ok()) return plan.status().WithContext(path);
+  SafeTensorsWriter w;
+  w.path_ = path;
+  w.tmp_ = StrCat(path, ".tmp.", ::getpid());
+  w.tensors_ = std::move(tensors);
+  w.bytes_ = std::move(plan->bytes);
+  w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w.fd_ < 0) return IoError(StrCat(w.tmp_, ": cannot create: ", ErrnoString(errno)));
+  unsigned char len[8];
+  const uint64_t n = plan->header.size();
+  std::memcpy(len, &n, 8);  // little-endian host (static_assert above)
+  ST_RETURN_IF_ERROR(WriteAll(w.fd_, len, 8, w.tmp_));
+  ST_RETURN_IF_ERROR(WriteAll(w.fd_, plan->header.data(), plan->header.size(), w.tmp_));
+  return w;
+}
 
-  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
-  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return IoError(StrCat(tmp, ": cannot create: ", ErrnoString(errno)));
-  Status s = WriteBody(fd.get(), *plan, tensors, tmp);
-  if (s.ok()) {
-    int err = fd.Close();
-    if (err != 0) s = IoError(StrCat(tmp, ": close failed: ", ErrnoString(err)));
+SafeTensorsWriter::~SafeTensorsWriter() {
+  Abandon();
+}
+
+void SafeTensorsWriter::Abandon() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
   }
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = IoError(StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoString(errno)));
+}
+
+SafeTensorsWriter::SafeTensorsWriter(SafeTensorsWriter&& o) noexcept
+    : path_(std::move(o.path_)),
+      tmp_(std::move(o.tmp_)),
+      tensors_(std::move(o.tensors_)),
+      bytes_(std::move(o.bytes_)),
+      fd_(std::exchange(o.fd_, -1)),
+      current_(o.current_),
+      written_(o.written_) {}
+
+SafeTensorsWriter& SafeTensorsWriter::operator=(SafeTensorsWriter&& o) noexcept {
+  if (this != &o) {
+    Abandon();
+    path_ = std::move(o.path_);
+    tmp_ = std::move(o.tmp_);
+    tensors_ = std::move(o.tensors_);
+    bytes_ = std::move(o.bytes_);
+    fd_ = std::exchange(o.fd_, -1);
+    current_ = o.current_;
+    written_ = o.written_;
   }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
+  return *this;
+}
+
+const TensorSpec* SafeTensorsWriter::next() const {
+  size_t i = current_;
+  size_t done = written_;
+  while (i < tensors_.size() && done == bytes_[i]) {
+    ++i;
+    done = 0;
   }
-  return SyncParentDir(path);
+  return i < tensors_.size() ? &tensors_[i] : nullptr;
+}
+
+Status SafeTensorsWriter::Put(const void* data, size_t bytes) {
+  if (fd_ < 0) return Internal(StrCat(tmp_, ": the writer is closed"));
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    while (current_ < tensors_.size() && written_ == bytes_[current_]) {
+      ++current_;
+      written_ = 0;
+    }
+    if (current_ == tensors_.size())
+      return InvalidArgument(StrCat(tmp_, ": more bytes than the header announced"));
+    const size_t n = std::min(bytes, bytes_[current_] - written_);
+    ST_RETURN_IF_ERROR(WriteAll(fd_, p, n, tmp_));
+    written_ += n;
+    p += n;
+    bytes -= n;
+  }
+  return Status::Ok();
+}
+
+Status SafeTensorsWriter::AppendF32(const float* data, int64_t n) {
+  if (n == 0) return Status::Ok();  // nothing to place (a zero-element tensor has no bytes)
+  const TensorSpec* t = next();
+  if (t == nullptr)
+    return InvalidArgument(StrCat(tmp_, ": more tensors than the header announced"));
+  if (t->dtype == DType::kF32) return Put(data, static_cast<size_t>(n) * 4);
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  buf_.resize(static_cast<size_t>(std::min(n, kChunk)));
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t m = std::min(kChunk, n - j);
+    ConvertFromF32(t->dtype, data + j, buf_.data(), m);
+    ST_RETURN_IF_ERROR(Put(buf_.data(), static_cast<size_t>(m) * 2));
+  }
+  return Status::Ok();
+}
+
+Status SafeTensorsWriter::AppendStored(const void* data, size_t bytes, DType dtype) {
+  if (bytes == 0) return Status::Ok();
+  const TensorSpec* t = next();
+  if (t == nullptr)
+    return InvalidArgument(StrCat(tmp_, ": more tensors than the header announced"));
+  if (t->dtype != dtype)
+    return InvalidArgument(StrCat(tmp_, ": tensor '", t->name, "' is ", DTypeName(t->dtype),
+                                  ", not ", DTypeName(dtype)));
+  return Put(data, bytes);
+}
+
+Status SafeTensorsWriter::Commit() {
+  while (current_ < tensors_.size() && written_ == bytes_[current_]) {
+    ++current_;
+    written_ = 0;
+  }
+  if (current_ != tensors_.size())
+    return Internal(StrCat(tmp_, ": tensor '", tensors_[current_].name, "' has ", written_,
+                           " of its ", bytes_[current_], " bytes"));
+  if (::fsync(fd_) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", ErrnoString(errno)));
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    return IoError(StrCat(tmp_, ": close failed: ", ErrnoString(err)));
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    return IoError(StrCat("cannot rename ", tmp_, " to ", path_, ": ", ErrnoString(err)));
+  }
+  return SyncParentDir(path_);
+}
+
+Status WriteSafeTensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const TensorToWrite& t : tensors) {
+    if (Numel(t.shape) > 0 && t.data == nullptr)
+      return InvalidArgument(StrCat(path, ": tensor '", t.name, "': data is null"));
+    specs.push_back({t.name, t.dtype, t.shape});
+  }
+  ST_ASSIGN_OR_RETURN(SafeTensorsWriter w, SafeTensorsWriter::Create(path, specs, metadata));
+  for (const TensorToWrite& t : tensors) ST_RETURN_IF_ERROR(w.AppendF32(t.data, Numel(t.shape)));
+  return w.Commit();
 }
 
 }  // namespace st

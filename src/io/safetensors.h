@@ -59,6 +59,10 @@ class SafeTensorsFile {
   // floats. Fails if the name is missing, the dtype is not a float type, or `expected` is non-empty
   // and differs from the stored shape (pass {} to skip the check; a scalar has numel 1).
   Status ReadF32(const std::string& name, float* dst, const Shape& expected) const;
+  // Elements [begin, begin + count) of a float tensor of this file (IsFloatDType) as fp32: the
+  // range reads of a sharded load. The range must lie inside the tensor (checked).
+  void ReadF32Range(const SafeTensorInfo& t, int64_t begin, int64_t count, float* dst) const;
+  static bool IsFloatDType(const std::string& dtype);
   // Copies an integer tensor (I64, I32, I16, I8, U64, U32, U16, U8 or BOOL) into int32 dst, failing
   // on any value outside int32 (or a BOOL byte other than 0/1). Same name/shape checks as ReadF32.
   Status ReadI32(const std::string& name, int32_t* dst, const Shape& expected) const;
@@ -89,10 +93,59 @@ struct TensorToWrite {
   const float* data;
 };
 
-// Writes a .safetensors file atomically: <path>.tmp.<pid>, fsync, rename over path, fsync of the
-// directory. The JSON header puts "__metadata__" first (omitted when empty), then the tensors in
-// the given order, and is padded with spaces so the data section starts 8-byte aligned, as the
-// reference implementation does. Tensor bytes follow in the same order, without gaps.
+// A tensor of a file to write: its name, element type and shape.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+// The data section's size for these tensors.
+size_t SafeTensorsBytes(const std::vector<TensorSpec>& tensors);
+
+// Writes a .safetensors file tensor by tensor, so that a model is saved without ever being whole
+// in memory: Create writes the header (all names, dtypes and shapes known up front) into
+// <path>.tmp.<pid>; the Append calls give the tensors' values in header order, each tensor in one
+// or several consecutive pieces (zero-element tensors have no bytes and need no call); Commit
+// checks that every byte came, fsyncs, renames over path and fsyncs the directory. A writer
+// destroyed before Commit removes its temporary file. The header puts "__metadata__" first (omitted
+// when empty) and is padded with spaces so that the data section starts 8-byte aligned, as the
+// reference implementation does.
+class SafeTensorsWriter {
+ public:
+  static StatusOr<SafeTensorsWriter> Create(const std::string& path,
+                                            std::vector<TensorSpec> tensors,
+                                            const std::map<std::string, std::string>& metadata);
+  SafeTensorsWriter() = default;
+  ~SafeTensorsWriter();
+  SafeTensorsWriter(const SafeTensorsWriter&) = delete;
+  SafeTensorsWriter& operator=(const SafeTensorsWriter&) = delete;
+  SafeTensorsWriter(SafeTensorsWriter&& other) noexcept;
+  SafeTensorsWriter& operator=(SafeTensorsWriter&& other) noexcept;
+
+  // The next n values of the current tensor, as fp32, converted (round to nearest even) to its
+  // dtype.
+  Status AppendF32(const float* data, int64_t n);
+  // The next bytes of the current tensor, already in its dtype (must equal `dtype`): a frozen
+  // tensor copied from the source checkpoint unchanged.
+  Status AppendStored(const void* data, size_t bytes, DType dtype);
+  Status Commit();
+
+ private:
+  const TensorSpec* next() const;  // the tensor the next bytes belong to
+  Status Put(const void* data, size_t bytes);
+  void Abandon();
+
+  std::string path_, tmp_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<size_t> bytes_;
+  int fd_ = -1;
+  size_t current_ = 0, written_ = 0;  // tensor being written, bytes of it written
+  std::vector<uint16_t> buf_;
+};
+
+// Writes a whole .safetensors file atomically with a SafeTensorsWriter: the tensors in the given
+// order, their bytes without gaps.
 Status WriteSafeTensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata);
 

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/ref/ops_ref.h"
+#include "model/weights.h"
 
 namespace st {
 
@@ -236,8 +237,11 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
                       1.0f / std::sqrt(static_cast<float>(d)), false);
     ops.RmsNormForward(proj, W(reg_.per_layer_projection_norm), projn, Act(a_rstd_pln_), N * L, P,
                        static_cast<float>(cfg_.rms_norm_eps));
-    ops.EmbeddingForward(ids, W(reg_.embed_tokens_per_layer), tok, N, L * P,
-                         std::sqrt(static_cast<float>(P)));
+    const int ple_table = reg_.embed_tokens_per_layer;
+    if (const float* table = W(ple_table))
+      ops.EmbeddingForward(ids, table, tok, N, L * P, std::sqrt(static_cast<float>(P)));
+    else  // frozen and left in the checkpoint: the batch's rows, converted on the fly
+      t.rows.at(ple_table)->GatherRows(ple_table, ids, N, std::sqrt(static_cast<float>(P)), tok);
     float* ple = Act(a_ple_);  // [L, N, P]
     const float s = static_cast<float>(std::pow(2.0, -0.5));
 #pragma omp parallel for schedule(static) if (N * L * P > (1 << 15))

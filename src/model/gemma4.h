@@ -17,6 +17,8 @@
 
 namespace st {
 
+class WeightSource;
+
 enum class Backend { kRef, kCpu };
 
 struct Batch {
@@ -37,6 +39,9 @@ struct ForwardResult {
 struct ParamTable {
   std::vector<const float*> param;  // [registry entries]
   std::vector<float*> grad;         // [registry entries]; null = no gradient (frozen or buffer)
+  // [registry entries] or empty: for an embedding table whose param is null, where its rows come
+  // from (a frozen table left in the memory-mapped checkpoint; see FrozenWeights).
+  std::vector<const WeightSource*> rows;
 
   // Views into a parameter arena and a gradient arena (grads may be null: forward only).
   // trainable null = every entry except buffers.

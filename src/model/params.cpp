@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "model/weights.h"
+
 namespace st {
 
 ParamRegistry BuildParamRegistry(const Gemma4Config& cfg) {
@@ -67,22 +69,9 @@ int64_t ParamRegistry::MatmulParams() const {
 }
 
 void InitParams(const Gemma4Config& cfg, const ParamRegistry& reg, float* params, uint64_t seed) {
-  for (int i = 0; i < reg.layout.size(); ++i) {
-    const ArenaEntry& e = reg.layout.entry(i);
-    float* p = params + e.offset;
-    if (reg.is_norm[i] || reg.is_buffer[i]) {
-      for (int64_t j = 0; j < e.numel; ++j) p[j] = 1.0f;
-      continue;
-    }
-    // One stream per tensor, so adding a tensor never shifts the others' values.
-    Rng rng(seed * 0x100000001b3ull + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
-    for (int64_t j = 0; j < e.numel; ++j)
-      p[j] = static_cast<float>(rng.Normal() * cfg.initializer_range);
-    if (i == reg.embed_tokens || i == reg.embed_tokens_per_layer) {
-      const int64_t row = e.shape[1];
-      for (int64_t j = 0; j < row; ++j) p[cfg.pad_token_id * row + j] = 0.0f;
-    }
-  }
+  const PresetWeights weights(cfg, reg, seed);
+  for (int i = 0; i < reg.layout.size(); ++i)
+    weights.ReadAll(i, params + reg.layout.entry(i).offset);
 }
 
 }  // namespace st

@@ -14,9 +14,26 @@ int64_t AlignUp(int64_t n) {
 }
 }  // namespace
 
+namespace {
+std::vector<bool> Not(const std::vector<bool>& v) {
+  std::vector<bool> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = !v[i];
+  return out;
+}
+}  // namespace
+
 FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::ProcessGroup& pg,
-                     std::vector<bool> trainable, const FsdpOptions& options)
-    : cfg_(cfg), reg_(reg), pg_(pg), trainable_(std::move(trainable)), options_(options) {
+                     std::vector<bool> trainable, const WeightSource& weights,
+                     const FsdpOptions& options)
+    : cfg_(cfg),
+      reg_(reg),
+      pg_(pg),
+      trainable_(std::move(trainable)),
+      options_(options),
+      weights_(weights),
+      frozen_(reg, weights, Not(trainable_)),
+      unit_of_entry_(reg.layout.size(), -1),
+      index_in_unit_(reg.layout.size(), -1) {
   ST_CHECK(static_cast<int>(trainable_.size()) == reg.layout.size())
       << "trainable has the wrong size";
   ST_CHECK(options.param_dtype == DType::kF32 || options.param_dtype == DType::kBF16)
@@ -35,13 +52,11 @@ FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::Pr
         if (reg.layout.entry(i).name.rfind(prefix, 0) == 0) unit_of[i] = UnitOfLayer(l);
     }
   }
-  int64_t replica_total = 0;
   for (int i = 0; i < reg.layout.size(); ++i) {
-    if (!trainable_[i]) {
-      replica_total += AlignUp(reg.layout.entry(i).numel);
-      continue;
-    }
+    if (!trainable_[i]) continue;
     Unit& u = units_[unit_of[i]];
+    unit_of_entry_[i] = unit_of[i];
+    index_in_unit_[i] = static_cast<int>(u.entries.size());
     u.entries.push_back(i);
     u.flat_offset.push_back(u.total);
     u.total += AlignUp(reg.layout.entry(i).numel);
@@ -58,7 +73,6 @@ FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::Pr
   grad_.assign(shard_total_, 0.0f);
   exp_avg_.assign(shard_total_, 0.0f);
   exp_avg_sq_.assign(shard_total_, 0.0f);
-  replica_.assign(replica_total, 0.0f);
 
   auto size_slot = [&](Slot& s, int64_t full) {
     s.params = AlignedBuffer(full, "an FSDP unit's gathered parameters");
@@ -72,15 +86,11 @@ FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::Pr
   size_slot(root_, units_[0].shard * W);
   for (Slot& s : slots_) size_slot(s, max_slot);
 
-  // The table: replicated tensors point into replica_, unit tensors into their slot when gathered.
+  // The table: frozen tensors point where FrozenWeights keeps them, unit tensors into their slot
+  // when gathered.
   table_.param.assign(reg.layout.size(), nullptr);
   table_.grad.assign(reg.layout.size(), nullptr);
-  int64_t off = 0;
-  for (int i = 0; i < reg.layout.size(); ++i) {
-    if (trainable_[i]) continue;
-    table_.param[i] = replica_.data() + off;
-    off += AlignUp(reg.layout.entry(i).numel);
-  }
+  frozen_.Bind(&table_);
 }
 
 FsdpModel::~FsdpModel() {
@@ -90,24 +100,20 @@ FsdpModel::~FsdpModel() {
   }
 }
 
-void FsdpModel::LoadFull(const float* full) {
-  const int r = pg_.rank();
-  std::vector<float> flat;
+void FsdpModel::Load() {
+  const int64_t r = pg_.rank();
   for (const Unit& u : units_) {
-    flat.assign(u.shard * pg_.size(), 0.0f);
+    // This rank's part of the unit's flat vector: [r * shard, (r + 1) * shard).
+    const int64_t lo = r * u.shard, hi = lo + u.shard;
+    float* dst = master_.data() + u.shard_offset;
+    std::fill(dst, dst + u.shard, 0.0f);  // alignment gaps and the tail stay zero
     for (size_t k = 0; k < u.entries.size(); ++k) {
-      const ArenaEntry& e = reg_.layout.entry(u.entries[k]);
-      std::memcpy(flat.data() + u.flat_offset[k], full + e.offset, e.numel * sizeof(float));
+      const int64_t begin = u.flat_offset[k], end = begin + reg_.layout.entry(u.entries[k]).numel;
+      const int64_t a = std::max(begin, lo), b = std::min(end, hi);
+      if (a < b) weights_.Read(u.entries[k], a - begin, b - a, dst + (a - lo));
     }
-    std::memcpy(master_.data() + u.shard_offset, flat.data() + r * u.shard,
-                u.shard * sizeof(float));
   }
-  for (int i = 0; i < reg_.layout.size(); ++i) {
-    if (trainable_[i]) continue;
-    const ArenaEntry& e = reg_.layout.entry(i);
-    std::memcpy(const_cast<float*>(table_.param[i]), full + e.offset, e.numel * sizeof(float));
-  }
-  root_.unit = slots_[0].unit = slots_[1].unit = -1;  // gathered copies are stale
+  MasterChanged();
 }
 
 Status FsdpModel::GatherFull(float* full) {
@@ -122,10 +128,38 @@ Status FsdpModel::GatherFull(float* full) {
       std::memcpy(full + e.offset, gathered.data() + u.flat_offset[k], e.numel * sizeof(float));
     }
   }
-  for (int i = 0; i < reg_.layout.size(); ++i) {
-    if (trainable_[i]) continue;
-    const ArenaEntry& e = reg_.layout.entry(i);
-    std::memcpy(full + e.offset, table_.param[i], e.numel * sizeof(float));
+  for (int i = 0; i < reg_.layout.size(); ++i)
+    if (!trainable_[i]) weights_.ReadAll(i, full + reg_.layout.entry(i).offset);
+  return Status::Ok();
+}
+
+Status FsdpModel::GatherTensor(int entry, float* out) {
+  ST_CHECK(trainable_[entry]) << "GatherTensor of a frozen entry";
+  const Unit& u = units_[unit_of_entry_[entry]];
+  const int64_t W = pg_.size(), r = pg_.rank();
+  const int64_t begin = u.flat_offset[index_in_unit_[entry]];
+  const int64_t numel = reg_.layout.entry(entry).numel, end = begin + numel;
+  // Rank q holds [max(begin, q * shard), min(end, (q + 1) * shard)) of the tensor; every rank
+  // sends `piece` floats (its part, zero-padded) and places the others' parts.
+  auto part = [&](int64_t q) {
+    return std::make_pair(std::max(begin, q * u.shard), std::min(end, (q + 1) * u.shard));
+  };
+  int64_t piece = 0;
+  for (int64_t q = 0; q < W; ++q) piece = std::max(piece, part(q).second - part(q).first);
+  std::vector<float> send(piece, 0.0f), recv(piece * W);
+  {
+    const auto [a, b] = part(r);
+    if (a < b)
+      std::memcpy(send.data(), master_.data() + u.shard_offset + (a - r * u.shard),
+                  static_cast<size_t>(b - a) * sizeof(float));
+  }
+  ST_RETURN_IF_ERROR(
+      pg_.AllGather(send.data(), recv.data(), piece, DType::kF32, options_.collective));
+  for (int64_t q = 0; q < W; ++q) {
+    const auto [a, b] = part(q);
+    if (a < b)
+      std::memcpy(out + (a - begin), recv.data() + q * piece,
+                  static_cast<size_t>(b - a) * sizeof(float));
   }
   return Status::Ok();
 }
@@ -182,6 +216,7 @@ void FsdpModel::AwaitParams(int unit) {
 }
 
 void FsdpModel::BeforeForward(int64_t layer, Part part) {
+  frozen_.BeforeForward(layer, part);
   if (!Handles(part)) return;
   const int unit = UnitOfLayer(layer);
   AwaitParams(unit);
@@ -189,6 +224,7 @@ void FsdpModel::BeforeForward(int64_t layer, Part part) {
 }
 
 void FsdpModel::BeforeBackward(int64_t layer, Part part) {
+  frozen_.BeforeBackward(layer, part);
   if (!Handles(part)) return;
   const int unit = UnitOfLayer(layer);
   const Unit& u = units_[unit];

@@ -4,8 +4,11 @@
 // is the root unit (FsdpUnitMode::kMlp), or one unit per decoder layer (kLayer). Each unit's
 // trainable tensors are flattened (16-float aligned) and split evenly over the ranks: a rank owns
 // one contiguous shard per unit of fp32 master weights, gradients and AdamW moments, so the
-// sharded state is 1/N of the model. Frozen tensors (the seed freezes embed_tokens_per_layer) and
-// buffers (layer_scalar) are replicated and get no gradient or optimizer state.
+// sharded state is 1/N of the model. A rank reads only its shard's ranges of each tensor from the
+// WeightSource (the memory-mapped checkpoint or the preset's generator), never the whole model.
+// Frozen tensors (the seed freezes embed_tokens_per_layer) and buffers (layer_scalar) get no
+// gradient or optimizer state and no per-rank fp32 copy of the whole set: FrozenWeights serves them
+// from the source (lookup rows, one layer at a time).
 //
 // A step: the root unit is all-gathered (param dtype, bf16 by default, as MixedPrecisionPolicy's
 // param_dtype) before the forward; every other unit is gathered just before the engine uses it
@@ -18,7 +21,7 @@
 // on the comm thread in submission order: count all-reduce, root gather, then per unit gathers and
 // reduce-scatters in layer order (forward) and reverse layer order (backward), root
 // reduce-scatter, loss all-reduce; ClipGradNorm adds one all-reduce, GatherFull one all-gather
-// per unit (both on the caller's thread, between steps).
+// per unit, GatherTensor one all-gather (all on the caller's thread, between steps).
 // The engine's unit hooks fire in the same order on every rank because every rank runs the same
 // model on the same shapes.
 #pragma once
@@ -30,7 +33,9 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "dist/process_group.h"
+#include "model/frozen_weights.h"
 #include "model/gemma4.h"
+#include "model/weights.h"
 #include "train/adamw.h"
 
 namespace st {
@@ -46,18 +51,24 @@ struct FsdpOptions {
 
 class FsdpModel : public ParamHooks {
  public:
-  // trainable: per registry entry (false = frozen or buffer: replicated, no gradient).
+  // trainable: per registry entry (false = frozen or buffer: served by FrozenWeights, no
+  // gradient). `weights` (the initial values) must outlive the model; call Load to read the shards.
   FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::ProcessGroup& pg,
-            std::vector<bool> trainable, const FsdpOptions& options);
+            std::vector<bool> trainable, const WeightSource& weights, const FsdpOptions& options);
   ~FsdpModel() override;
   FsdpModel(const FsdpModel&) = delete;
   FsdpModel& operator=(const FsdpModel&) = delete;
 
-  // Every rank passes the same full parameter arena (registry layout); a rank keeps its shards
-  // and the replicated tensors.
-  void LoadFull(const float* full);
-  // The full fp32 master parameters (registry layout) on every rank.
+  // This rank's shards of the trainable tensors, read from the weights range by range (no
+  // collective: every rank reads its own).
+  void Load();
+  // The full fp32 parameters (registry layout) on every rank: for tests and small models.
   Status GatherFull(float* full);
+  // Every rank: the fp32 master values of one trainable entry ([numel] into out), assembled from
+  // every rank's piece (one all-gather); what a streaming save writes tensor by tensor.
+  Status GatherTensor(int entry, float* out);
+  bool trainable(int entry) const { return trainable_[static_cast<size_t>(entry)]; }
+  const WeightSource& weights() const { return weights_; }
 
   // Forward and backward of this rank's micro-batch. The loss is the mean over the valid targets
   // of all ranks' batches (their count is all-reduced first), so N ranks with a global batch give
@@ -79,9 +90,10 @@ class FsdpModel : public ParamHooks {
   float* grads() { return grad_.data(); }
   float* exp_avg() { return exp_avg_.data(); }
   float* exp_avg_sq() { return exp_avg_sq_.data(); }
-  // Bytes of the sharded state (master + grads + 2 moments) and of the replicated tensors.
+  // Bytes of the sharded state (master + grads + 2 moments) and of the fp32 frozen tensors this
+  // rank holds (FrozenWeights: root copies and two layer slots).
   size_t ShardedStateBytes() const { return static_cast<size_t>(shard_total_) * 4 * sizeof(float); }
-  size_t ReplicatedBytes() const { return static_cast<size_t>(replica_.size()) * sizeof(float); }
+  size_t FrozenBytes() const { return frozen_.ResidentBytes(); }
   int num_units() const { return static_cast<int>(units_.size()); }
   // Seconds the caller's thread has spent blocked on the comm thread (gathers not yet arrived,
   // reduce-scatters not yet done, the step's count and loss all-reduces) since construction:
@@ -134,7 +146,9 @@ class FsdpModel : public ParamHooks {
   std::vector<Unit> units_;  // [0] root, [l + 1] layer l's MLP or layer
   int64_t shard_total_ = 0;
   std::vector<float> master_, grad_, exp_avg_, exp_avg_sq_;  // [shard_total_]
-  std::vector<float> replica_;                               // frozen tensors and buffers
+  const WeightSource& weights_;
+  FrozenWeights frozen_;                            // frozen tensors and buffers
+  std::vector<int> unit_of_entry_, index_in_unit_;  // [entry]: for GatherTensor
   Slot root_;
   Slot slots_[2];
   ParamTable table_;

@@ -68,10 +68,56 @@ Status WriteCheckpointShard(const std::string& pending, FsdpModel& fsdp, int ran
   return WriteFileDurably(path + kShardHashSuffix, digest);
 }
 
+Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
+                    dist::ProcessGroup& pg, const dist::CollectiveOptions& collective,
+                    const HfExportOptions& options) {
+  (void)collective;
+  const ParamRegistry& reg = model.registry;
+  const WeightSource& source = *model.weights;
+  const bool writer = pg.rank() == 0;
+  // Per tensor: trained ones in the export dtype, frozen ones as the source stores them.
+  std::vector<DType> dtypes(reg.layout.size(), options.dtype);
+  for (int i = 0; i < reg.layout.size(); ++i)
+    if (!fsdp.trainable(i))
+      if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) dtypes[i] = s->dtype;
+  std::unique_ptr<HfModelWriter> out;
+  Status status;  // rank 0's first write error; the gathers go on so that no rank is left waiting
+  if (writer) {
+    StatusOr<std::unique_ptr<HfModelWriter>> w = HfModelWriter::Create(
+        pending, model.config, reg, dtypes, options.dtype, options.max_shard_bytes);
+    if (w.ok())
+      out = std::move(w).value();
+    else
+      status = w.status();
+  }
+  std::vector<float> buf;
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    const ArenaEntry& e = reg.layout.entry(i);
+    if (fsdp.trainable(i)) {
+      buf.resize(static_cast<size_t>(e.numel));
+      ST_RETURN_IF_ERROR(fsdp.GatherTensor(i, buf.data()));
+      if (writer && status.ok()) status = out->AppendF32(i, buf.data(), e.numel);
+      continue;
+    }
+    if (!writer || !status.ok()) continue;
+    if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) {
+      status = out->AppendStored(i, s->data, s->bytes, s->dtype);
+      continue;
+    }
+    constexpr int64_t kChunk = int64_t{1} << 22;
+    buf.resize(static_cast<size_t>(std::min(e.numel, kChunk)));
+    for (int64_t j = 0; j < e.numel && status.ok(); j += kChunk) {
+      const int64_t n = std::min(kChunk, e.numel - j);
+      source.Read(i, j, n, buf.data());
+      status = out->AppendF32(i, buf.data(), n);
+    }
+  }
+  if (writer && status.ok()) status = out->Finish();
+  return status;
+}
+
 Status CommitCheckpoint(const std::string& pending, const std::string& dir,
                         const CheckpointContent& c) {
-  const LoadedModel& m = *c.model;
-  ST_RETURN_IF_ERROR(SaveHfModel(pending, m.config, m.registry, c.params, DType::kF32));
   std::error_code ec;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
     const fs::path src = fs::path(c.tokenizer_dir) / f;

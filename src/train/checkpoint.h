@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "dist/process_group.h"
 #include "io/files.h"
+#include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "parallel/fsdp.h"
 
@@ -34,16 +36,30 @@ std::string ShardPath(const std::string& dir, int rank);
 Status WriteCheckpointShard(const std::string& pending, FsdpModel& fsdp, int rank, int world,
                             int64_t epoch, int64_t global_step);
 
-// What rank 0 adds to the ranks' shards.
+// How the Hugging Face model of a checkpoint is written.
+struct HfExportOptions {
+  // The dtype of the trained tensors; frozen tensors keep the source checkpoint's dtype and bytes.
+  DType dtype = DType::kF32;
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+};
+
+// Every rank, once rank 0 has created `pending`: the Hugging Face model (config.json and one or
+// more safetensors files) written by rank 0 tensor by tensor. Each trained tensor is assembled
+// from every rank's piece (FsdpModel::GatherTensor, one all-gather per tensor, in registry order
+// on every rank); a frozen one is copied by rank 0 from the source as stored, or converted in
+// chunks (a preset). Rank 0's extra memory is one tensor, never the model.
+Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
+                    dist::ProcessGroup& pg, const dist::CollectiveOptions& collective,
+                    const HfExportOptions& options);
+
+// What rank 0 adds to the ranks' shards and the model.
 struct CheckpointContent {
-  const LoadedModel* model = nullptr;
-  const float* params = nullptr;  // the full fp32 parameters (registry layout)
-  std::string tokenizer_dir;      // its tokenizer files are copied beside the model
+  std::string tokenizer_dir;  // its tokenizer files are copied beside the model
   std::string metrics_json;
   std::string state_json;
 };
-// Rank 0, after every rank's WriteCheckpointShard: the Hugging Face model, tokenizer files and
-// JSON files into `pending`, then checksums.sha256, fsync of everything, and the rename to `dir`.
+// Rank 0, after every rank's WriteCheckpointShard and WriteHfModel: the tokenizer files and JSON
+// files into `pending`, then checksums.sha256, fsync of everything, and the rename to `dir`.
 Status CommitCheckpoint(const std::string& pending, const std::string& dir,
                         const CheckpointContent& content);
 

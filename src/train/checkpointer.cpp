@@ -37,12 +37,7 @@ double Score(const nlohmann::json& state, const std::string& attribute) {
 
 Checkpointer::Checkpointer(CheckpointerOptions options, const LoadedModel& model, FsdpModel& fsdp,
                            dist::ProcessGroup& pg, const dist::CollectiveOptions& collective)
-    : options_(std::move(options)),
-      model_(model),
-      fsdp_(fsdp),
-      pg_(pg),
-      collective_(collective),
-      full_(model.registry.layout.total()) {}
+    : options_(std::move(options)), model_(model), fsdp_(fsdp), pg_(pg), collective_(collective) {}
 
 StatusOr<TrainState> Checkpointer::Resume(bool required) {
   const int rank = pg_.rank(), world = pg_.size();
@@ -124,12 +119,11 @@ Status Checkpointer::SaveInsideEpoch(const TrainState& state) {
               {{"epoch", state.epoch}, {"loss_so_far", partial}});
 }
 
-// Every rank writes its shard into a pending directory, rank 0 adds the full model (all-gathered)
-// and commits it with a rename.
+// Every rank writes its shard into a pending directory, rank 0 the Hugging Face model (streamed
+// tensor by tensor from every rank's pieces), and rank 0 commits it with a rename.
 Status Checkpointer::Save(const TrainState& state, const std::string& metrics_json,
                           nlohmann::json fields) {
   const int rank = pg_.rank(), world = pg_.size();
-  ST_RETURN_IF_ERROR(fsdp_.GatherFull(full_.data()));
   const bool inside_epoch = state.step_in_epoch > 0;
   const std::string pending = inside_epoch
                                   ? PendingStepCheckpointDir(options_.run_dir, state.global_step)
@@ -143,6 +137,8 @@ Status Checkpointer::Save(const TrainState& state, const std::string& metrics_js
   ST_RETURN_IF_ERROR(pg_.Barrier(collective_));
   ST_RETURN_IF_ERROR(
       WriteCheckpointShard(pending, fsdp_, rank, world, state.epoch, state.global_step));
+  ST_RETURN_IF_ERROR(
+      WriteHfModel(pending, model_, fsdp_, pg_, collective_, options_.export_options));
   ST_RETURN_IF_ERROR(pg_.Barrier(collective_));
   if (rank != 0) return Status::Ok();
   const std::string dir = (fs::path(options_.run_dir) / ("checkpoint_" + TimeStamp())).string();
@@ -153,8 +149,8 @@ Status Checkpointer::Save(const TrainState& state, const std::string& metrics_js
     fields["step_in_epoch"] = state.step_in_epoch;
     fields["epoch_loss_sum"] = state.epoch_loss_sum;
   }
-  ST_RETURN_IF_ERROR(CommitCheckpoint(
-      pending, dir, {&model_, full_.data(), options_.tokenizer_dir, metrics_json, fields.dump(2)}));
+  ST_RETURN_IF_ERROR(
+      CommitCheckpoint(pending, dir, {options_.tokenizer_dir, metrics_json, fields.dump(2)}));
   if (inside_epoch)
     std::printf("Step checkpoint created at: %s (epoch %lld, step %lld of %lld)\n", dir.c_str(),
                 (long long)state.epoch + 1, (long long)state.step_in_epoch,

@@ -13,6 +13,7 @@
 #include "dist/process_group.h"
 #include "io/model_loader.h"
 #include "parallel/fsdp.h"
+#include "train/checkpoint.h"
 #include "train/step_metrics.h"
 #include "train/train_state.h"
 
@@ -28,6 +29,8 @@ struct CheckpointerOptions {
   int num_to_keep = 1;
   std::string score_attribute = "loss";
   bool lower_is_better = true;
+  // The Hugging Face model's dtype and file size limit (--save-dtype, --max-shard-size).
+  HfExportOptions export_options;
   // Fields added to every trainer_state.json (seed, model_id, fsdp_units, dataset_split).
   nlohmann::json run_state = nlohmann::json::object();
 };
@@ -46,7 +49,8 @@ class Checkpointer {
 
   // Every rank: a checkpoint of `state`, at an epoch's end (state already counts the epoch, with
   // step_in_epoch 0), ranked by `epoch`'s figures, or inside an epoch (a --save-steps restart
-  // point, replaced by the next checkpoint). Collectives: GatherFull, then two barriers.
+  // point, replaced by the next checkpoint). Collectives: a barrier, one all-gather per trained
+  // tensor (WriteHfModel), a barrier.
   Status SaveEpoch(const TrainState& state, const EpochMetrics& epoch);
   Status SaveInsideEpoch(const TrainState& state);
 
@@ -71,8 +75,7 @@ class Checkpointer {
   FsdpModel& fsdp_;
   dist::ProcessGroup& pg_;
   dist::CollectiveOptions collective_;
-  std::vector<float> full_;  // [registry total]: the gathered fp32 parameters rank 0 writes
-  std::vector<Kept> kept_;   // rank 0's view of the run's checkpoints
+  std::vector<Kept> kept_;  // rank 0's view of the run's checkpoints
 };
 
 }  // namespace st

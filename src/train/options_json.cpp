@@ -28,6 +28,8 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"checkpoint_score_order", o.score_order},
           {"fsdp_units", o.fsdp_units},
           {"freeze", o.freeze},
+          {"save_dtype", o.save_dtype},
+          {"max_shard_size", o.max_shard_size},
           {"resume", o.resume}};
 }
 

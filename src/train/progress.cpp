@@ -103,8 +103,8 @@ void ProgressReporter::Finish(const MemoryReport& m, const std::string& best_che
   if (rank_ != 0) return;
   std::printf(
       "Memory per worker: sharded state %.1f MiB (fp32 master, grads, 2 AdamW moments), "
-      "replicated %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
-      m.sharded_bytes / 1048576.0, m.replicated_bytes / 1048576.0, m.activation_bytes / 1048576.0,
+      "frozen fp32 %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
+      m.sharded_bytes / 1048576.0, m.frozen_bytes / 1048576.0, m.activation_bytes / 1048576.0,
       m.peak_rss_mib);
   std::printf("Training completed! Final metrics: %s\n", final_metrics_.c_str());
   std::printf("Saved checkpoint: %s\n",

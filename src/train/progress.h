@@ -26,7 +26,7 @@ struct SetupSummary {
 
 // The end-of-run memory line's figures, per worker.
 struct MemoryReport {
-  size_t sharded_bytes = 0, replicated_bytes = 0, activation_bytes = 0;
+  size_t sharded_bytes = 0, frozen_bytes = 0, activation_bytes = 0;
   float peak_rss_mib = 0;  // max over ranks
 };
 

@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/files.h"
+#include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
@@ -99,6 +100,9 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
     return InvalidArgument("--lr, --weight-decay and --max-grad-norm must not be negative");
+  if (!o.save_dtype.empty())
+    ST_RETURN_IF_ERROR(ParseDTypeFlag(o.save_dtype).status().WithContext("--save-dtype"));
+  ST_RETURN_IF_ERROR(ParseByteSize(o.max_shard_size).status().WithContext("--max-shard-size"));
   return Status::Ok();
 }
 
@@ -226,11 +230,11 @@ Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
       world_(pg.size()),
       in_(std::move(in)),
       engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len),
-      fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask,
+      fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask, *in_.model.weights,
             FsdpOptionsOf(o, collective)),
       adam_(AdamWOf(o, in_.from_dir)),
       reporter_(pg.rank(), o.progress, o.num_epochs, observer) {
-  fsdp_.LoadFull(in_.model.params.data());
+  fsdp_.Load();  // this rank's ranges of each tensor, straight into its shards
 }
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
@@ -270,6 +274,10 @@ CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
   c.num_to_keep = o_.num_to_keep;
   c.score_attribute = o_.score_attribute;
   c.lower_is_better = o_.score_order == "min";
+  // Both parse: ValidateFinetuneOptions checked them.
+  c.export_options.dtype =
+      o_.save_dtype.empty() ? in_.model.weights->dtype() : ParseDTypeFlag(o_.save_dtype).value();
+  c.export_options.max_shard_bytes = ParseByteSize(o_.max_shard_size).value();
   c.run_state = {{"seed", o_.seed},
                  {"model_id", o_.model_id},
                  {"fsdp_units", o_.fsdp_units},
@@ -342,13 +350,13 @@ Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps,
 
 Status Trainer::Finish() {
   // Per-worker memory: the sharded state falls as 1/N; RSS adds the engine's activations, the
-  // gathered units and the replicated (frozen) tensors.
+  // gathered units and the frozen tensors converted to fp32 (outside the layers, and two layers).
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
   ST_RETURN_IF_ERROR(pg_.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective_));
   reporter_.Finish(
-      {fsdp_.ShardedStateBytes(), fsdp_.ReplicatedBytes(), engine_.ActivationBytes(), rss_mib},
+      {fsdp_.ShardedStateBytes(), fsdp_.FrozenBytes(), engine_.ActivationBytes(), rss_mib},
       checkpointer_->BestPath());
   return Status::Ok();
 }

@@ -57,6 +57,10 @@ struct FinetuneOptions {
   std::string fsdp_units = "mlp";  // mlp | layer
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   std::string data_dir;                            // where the bundled data lives
+  // The Hugging Face model of each checkpoint: the dtype of the trained tensors ("" = the source
+  // checkpoint's, fp32 for a preset) and the largest weight file (transformers' max_shard_size).
+  std::string save_dtype;
+  std::string max_shard_size = "5GB";
 };
 
 // The tokenized examples of a run, shared by finetune and evaluate: the tokenizer (tokenizer_flag,

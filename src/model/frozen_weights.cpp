@@ -1,0 +1,87 @@
+#include "model/frozen_weights.h"
+
+#include <algorithm>
+#include <string>
+
+namespace st {
+
+namespace {
+constexpr int64_t kAlign = 16;  // floats: every tensor starts on a cache line
+int64_t AlignUp(int64_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+// The decoder layer an entry belongs to ("layers.<l>."), or -1.
+int64_t LayerOf(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  const size_t dot = name.find('.', 7);
+  return dot == std::string::npos ? -1 : std::stoll(name.substr(7, dot - 7));
+}
+}  // namespace
+
+bool IsLookupOnly(const ParamRegistry& reg, int entry) {
+  return entry >= 0 && entry == reg.embed_tokens_per_layer;
+}
+
+FrozenWeights::FrozenWeights(const ParamRegistry& reg, const WeightSource& source,
+                             std::vector<bool> frozen)
+    : reg_(reg),
+      source_(source),
+      frozen_(std::move(frozen)),
+      layer_entries_(reg.layers.size()),
+      offset_(reg.layout.size(), -1) {
+  ST_CHECK(static_cast<int>(frozen_.size()) == reg.layout.size()) << "frozen has the wrong size";
+  int64_t root_total = 0;
+  std::vector<int64_t> layer_total(reg.layers.size(), 0);
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (!frozen_[i]) continue;
+    const ArenaEntry& e = reg.layout.entry(i);
+    if (IsLookupOnly(reg, i)) {
+      lookup_entries_.push_back(i);
+      lookup_elements_ += e.numel;
+      continue;
+    }
+    const int64_t l = LayerOf(e.name);
+    if (l < 0) {
+      root_entries_.push_back(i);
+      offset_[i] = root_total;
+      root_total += AlignUp(e.numel);
+    } else {
+      layer_entries_[l].push_back(i);
+      offset_[i] = layer_total[l];
+      layer_total[l] += AlignUp(e.numel);
+    }
+  }
+  for (int64_t t : layer_total) slot_size_ = std::max(slot_size_, t);
+  root_ = AlignedBuffer(root_total, "the frozen tensors outside the decoder layers (fp32)");
+  for (int i : root_entries_) source_.ReadAll(i, root_.data() + offset_[i]);
+  if (slot_size_ > 0)
+    for (AlignedBuffer& s : slots_)
+      s = AlignedBuffer(slot_size_, "a decoder layer's frozen tensors (fp32)");
+}
+
+void FrozenWeights::Bind(ParamTable* table) {
+  table_ = table;
+  if (table_->rows.size() != static_cast<size_t>(reg_.layout.size()))
+    table_->rows.assign(reg_.layout.size(), nullptr);
+  for (int i : root_entries_) table_->param[i] = root_.data() + offset_[i];
+  for (int i : lookup_entries_) {
+    table_->param[i] = nullptr;
+    table_->rows[i] = &source_;
+  }
+  slot_layer_[0] = slot_layer_[1] = -1;
+}
+
+void FrozenWeights::EnterLayer(int64_t layer) {
+  const std::vector<int>& entries = layer_entries_[static_cast<size_t>(layer)];
+  if (entries.empty() || table_ == nullptr) return;
+  const int s = static_cast<int>(layer % 2);
+  float* slot = slots_[s].data();
+  if (slot_layer_[s] != layer) {
+    for (int i : entries) source_.ReadAll(i, slot + offset_[i]);
+    slot_layer_[s] = layer;
+  }
+  for (int i : entries) table_->param[i] = slot + offset_[i];
+}
+
+}  // namespace st

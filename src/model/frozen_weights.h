@@ -1,0 +1,67 @@
+// The tensors a run does not train (frozen with --freeze, every tensor in `evaluate`, and the
+// layer_scalar buffers), made available to the engine without an fp32 copy of the whole set:
+// - a frozen embedding table used only as a lookup (the per-layer table) is never copied: the
+//   engine takes the rows of each batch from the WeightSource, which converts them from the
+//   memory-mapped checkpoint (shared by the processes of a host through the page cache);
+// - the frozen tensors of decoder layer l are converted to fp32 when the engine enters the layer
+//   (forward or backward), into one of two slots (l % 2), and stay there until layer l + 2 needs
+//   the slot, so a forward followed by the backward converts the last layer once;
+// - every other frozen tensor (the tied embeddings, norms, the per-layer projection) is converted
+//   once, at construction.
+// Used by FsdpModel for its frozen entries and on its own (as the engine's hooks) by `evaluate`.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/gemma4.h"
+#include "model/weights.h"
+
+namespace st {
+
+class FrozenWeights : public ParamHooks {
+ public:
+  // frozen[i]: entry i is not trained (its values come from `source` unchanged). `source` and
+  // `reg` must outlive this object. Entries that are not frozen are left alone.
+  FrozenWeights(const ParamRegistry& reg, const WeightSource& source, std::vector<bool> frozen);
+
+  // Points `table`'s frozen entries at their values (root copies, lookup sources); layer entries
+  // are pointed at when their layer is entered. The table must stay alive while hooks fire.
+  void Bind(ParamTable* table);
+  // Converts layer `layer`'s frozen tensors (unless its slot holds them) and points the table at
+  // them.
+  void EnterLayer(int64_t layer);
+
+  void BeforeForward(int64_t layer, Part part) override {
+    if (part == Part::kLayer) EnterLayer(layer);
+  }
+  void BeforeBackward(int64_t layer, Part part) override {
+    if (part == Part::kLayer) EnterLayer(layer);
+  }
+
+  // Bytes of fp32 this object holds: the root copies and the two layer slots.
+  size_t ResidentBytes() const { return (root_.size() + 2 * slot_size_) * sizeof(float); }
+  // Frozen elements served as lookups from the source (never copied).
+  int64_t LookupElements() const { return lookup_elements_; }
+
+ private:
+  const ParamRegistry& reg_;
+  const WeightSource& source_;
+  std::vector<bool> frozen_;
+  std::vector<std::vector<int>> layer_entries_;  // [layer] frozen entries of the layer
+  std::vector<int> root_entries_, lookup_entries_;
+  std::vector<int64_t> offset_;  // [entry] offset in root_ or in a slot
+  AlignedBuffer root_;
+  int64_t slot_size_ = 0;
+  AlignedBuffer slots_[2];
+  int64_t slot_layer_[2] = {-1, -1};
+  int64_t lookup_elements_ = 0;
+  ParamTable* table_ = nullptr;
+};
+
+// Which registry entries an embedding lookup alone uses (a frozen one is served by
+// WeightSource::GatherRows): the per-layer embedding table.
+bool IsLookupOnly(const ParamRegistry& reg, int entry);
+
+}  // namespace st
