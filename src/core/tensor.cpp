@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,19 +30,44 @@ OutOfMemory::OutOfMemory(std::string what, size_t bytes) : bytes_(bytes) {
   message_ = "out of memory: cannot allocate " + what + " (" + size + ")";
 }
 
+namespace {
+// Buffers this large are mapped pages of their own: zero without touching them, and given back to
+// the kernel when freed (a heap would keep them, so RSS would drift with every buffer a checkpoint
+// allocates and frees).
+constexpr size_t kMapBytes = size_t{1} << 20;
+
+size_t BufferBytes(int64_t count) {
+  return (static_cast<size_t>(count) * sizeof(float) + 63) / 64 * 64;
+}
+
+void FreeBuffer(float* data, int64_t count) {
+  if (data == nullptr) return;
+  const size_t bytes = BufferBytes(count);
+  if (bytes >= kMapBytes)
+    ::munmap(data, bytes);
+  else
+    std::free(data);
+}
+}  // namespace
+
 AlignedBuffer::AlignedBuffer(int64_t count, const char* what) : count_(count) {
   if (count <= 0) return;
-  size_t bytes = (static_cast<size_t>(count) * sizeof(float) + 63) / 64 * 64;
-  data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+  const size_t bytes = BufferBytes(count);
+  if (bytes >= kMapBytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<float*>(p);  // page-aligned, zero-filled
+  } else {
+    data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (data_ != nullptr) std::memset(data_, 0, bytes);
+  }
   if (data_ == nullptr) {
     count_ = 0;
     throw OutOfMemory(what, bytes);
   }
-  std::memset(data_, 0, bytes);
 }
 
 AlignedBuffer::~AlignedBuffer() {
-  std::free(data_);
+  FreeBuffer(data_, count_);
 }
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
@@ -51,7 +78,7 @@ AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   if (this != &other) {
-    std::free(data_);
+    FreeBuffer(data_, count_);
     data_ = other.data_;
     count_ = other.count_;
     other.data_ = nullptr;

@@ -1,5 +1,8 @@
 #include "io/hf_model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -188,6 +191,17 @@ std::optional<WeightSource::Stored> CheckpointWeights::StoredBytes(int entry) co
   std::optional<DType> d = DTypeOfFile(w.info->dtype);
   if (!d) return std::nullopt;
   return Stored{w.file->Data(*w.info), w.info->end - w.info->begin, *d};
+}
+
+void CheckpointWeights::Release(int entry) const {
+  const Where& w = where_[static_cast<size_t>(entry)];
+  if (w.file == nullptr) return;
+  // The whole pages inside the tensor's bytes (a page shared with a neighbour is left alone).
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(w.file->Data(*w.info));
+  const uintptr_t end = begin + (w.info->end - w.info->begin);
+  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
+  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
 StatusOr<LoadReport> LoadParams(const std::vector<std::string>& files, const Gemma4Config& cfg,

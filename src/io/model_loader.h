@@ -26,7 +26,10 @@ struct LoadedModel {
   LoadReport report;   // a directory's: files, bytes, prefix
 };
 
-StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed);
+// verify_checksums: a slicetrain checkpoint's files are hashed against its checksums.sha256 first
+// (reading every byte once); `info` skips that, as it reads no weights.
+StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed,
+                                bool verify_checksums = true);
 
 // The whole model as one fp32 arena (registry layout): for small models and single-process tools
 // (`step`, benchmarks, tests); training and `evaluate` never do this.

@@ -54,7 +54,10 @@ FrozenWeights::FrozenWeights(const ParamRegistry& reg, const WeightSource& sourc
   }
   for (int64_t t : layer_total) slot_size_ = std::max(slot_size_, t);
   root_ = AlignedBuffer(root_total, "the frozen tensors outside the decoder layers (fp32)");
-  for (int i : root_entries_) source_.ReadAll(i, root_.data() + offset_[i]);
+  for (int i : root_entries_) {
+    source_.ReadAll(i, root_.data() + offset_[i]);
+    source_.Release(i);
+  }
   if (slot_size_ > 0)
     for (AlignedBuffer& s : slots_)
       s = AlignedBuffer(slot_size_, "a decoder layer's frozen tensors (fp32)");
@@ -78,7 +81,10 @@ void FrozenWeights::EnterLayer(int64_t layer) {
   const int s = static_cast<int>(layer % 2);
   float* slot = slots_[s].data();
   if (slot_layer_[s] != layer) {
-    for (int i : entries) source_.ReadAll(i, slot + offset_[i]);
+    for (int i : entries) {
+      source_.ReadAll(i, slot + offset_[i]);
+      source_.Release(i);
+    }
     slot_layer_[s] = layer;
   }
   for (int i : entries) table_->param[i] = slot + offset_[i];

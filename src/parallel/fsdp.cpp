@@ -111,6 +111,7 @@ void FsdpModel::Load() {
       const int64_t begin = u.flat_offset[k], end = begin + reg_.layout.entry(u.entries[k]).numel;
       const int64_t a = std::max(begin, lo), b = std::min(end, hi);
       if (a < b) weights_.Read(u.entries[k], a - begin, b - a, dst + (a - lo));
+      weights_.Release(u.entries[k]);
     }
   }
   MasterChanged();
@@ -146,7 +147,10 @@ Status FsdpModel::GatherTensor(int entry, float* out) {
   };
   int64_t piece = 0;
   for (int64_t q = 0; q < W; ++q) piece = std::max(piece, part(q).second - part(q).first);
-  std::vector<float> send(piece, 0.0f), recv(piece * W);
+  // Mapped buffers (AlignedBuffer), given back when the tensor is written: a checkpoint leaves no
+  // heap behind.
+  AlignedBuffer send(piece, "a tensor's piece for the checkpoint writer"),
+      recv(piece * W, "a tensor gathered for the checkpoint writer");
   {
     const auto [a, b] = part(r);
     if (a < b)

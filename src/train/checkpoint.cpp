@@ -90,13 +90,14 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
     else
       status = w.status();
   }
-  std::vector<float> buf;
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  AlignedBuffer chunk;  // a frozen tensor's conversion chunk (a preset's generated values)
   for (int i = 0; i < reg.layout.size(); ++i) {
     const ArenaEntry& e = reg.layout.entry(i);
     if (fsdp.trainable(i)) {
-      buf.resize(static_cast<size_t>(e.numel));
-      ST_RETURN_IF_ERROR(fsdp.GatherTensor(i, buf.data()));
-      if (writer && status.ok()) status = out->AppendF32(i, buf.data(), e.numel);
+      AlignedBuffer tensor(e.numel, "a trained tensor gathered for the checkpoint");
+      ST_RETURN_IF_ERROR(fsdp.GatherTensor(i, tensor.data()));
+      if (writer && status.ok()) status = out->AppendF32(i, tensor.data(), e.numel);
       continue;
     }
     if (!writer || !status.ok()) continue;
@@ -104,12 +105,11 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
       status = out->AppendStored(i, s->data, s->bytes, s->dtype);
       continue;
     }
-    constexpr int64_t kChunk = int64_t{1} << 22;
-    buf.resize(static_cast<size_t>(std::min(e.numel, kChunk)));
+    if (chunk.size() == 0) chunk = AlignedBuffer(kChunk, "the checkpoint writer's chunk");
     for (int64_t j = 0; j < e.numel && status.ok(); j += kChunk) {
       const int64_t n = std::min(kChunk, e.numel - j);
-      source.Read(i, j, n, buf.data());
-      status = out->AppendF32(i, buf.data(), n);
+      source.Read(i, j, n, chunk.data());
+      status = out->AppendF32(i, chunk.data(), n);
     }
   }
   if (writer && status.ok()) status = out->Finish();

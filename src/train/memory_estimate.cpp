@@ -1,10 +1,23 @@
 #include "train/memory_estimate.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "model/frozen_weights.h"
 #include "model/gemma4.h"
 
 namespace st {
+
+namespace {
+double AlignUp(double n) {
+  return static_cast<double>((static_cast<int64_t>(n) + 15) / 16 * 16);
+}
+// The decoder layer of an entry ("layers.<l>."), or -1.
+int64_t LayerOf(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  return std::stoll(name.substr(7, name.find('.', 7) - 7));
+}
+}  // namespace
 
 double WorkerMemoryEstimate::total() const {
   double sum = 0;
@@ -14,30 +27,56 @@ double WorkerMemoryEstimate::total() const {
 
 WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const ParamRegistry& registry,
                                           const std::vector<bool>& trainable, int world,
-                                          int64_t batch, int64_t seq) {
-  double total = 0, train = 0, frozen = 0, largest_layer = 0;
+                                          int64_t batch, int64_t seq, bool layer_units) {
+  const int64_t L = config.num_hidden_layers;
+  const double W = std::max(1, world), f32 = sizeof(float);
+  // FSDP's units (as FsdpModel builds them) and the frozen layer groups (as FrozenWeights).
+  std::vector<double> unit(L + 1, 0), frozen_layer(L, 0);
+  double frozen_root = 0, lookup = 0, largest_trained = 0;
+  std::vector<bool> is_mlp(registry.layout.size(), false);
+  for (const LayerParams& lp : registry.layers)
+    for (int id : {lp.gate_proj, lp.up_proj, lp.down_proj}) is_mlp[id] = true;
   for (int i = 0; i < registry.layout.size(); ++i) {
-    const double n = static_cast<double>(registry.layout.entry(i).numel);
-    total += n;
-    (trainable[i] ? train : frozen) += n;
+    const ArenaEntry& e = registry.layout.entry(i);
+    const double n = static_cast<double>(e.numel);
+    const int64_t layer = LayerOf(e.name);
+    if (trainable[i]) {
+      const bool own_unit = layer >= 0 && (layer_units || is_mlp[i]);
+      unit[own_unit ? layer + 1 : 0] += AlignUp(n);
+      largest_trained = std::max(largest_trained, n);
+    } else if (IsLookupOnly(registry, i)) {
+      lookup += n;
+    } else if (layer >= 0) {
+      frozen_layer[layer] += AlignUp(n);
+    } else {
+      frozen_root += AlignUp(n);
+    }
   }
-  for (const LayerParams& l : registry.layers) {
-    double n = 0;
-    for (int id : {l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.gate_proj, l.up_proj, l.down_proj})
-      if (id >= 0) n += static_cast<double>(registry.layout.entry(id).numel);
-    largest_layer = std::max(largest_layer, n);
+  double shards = 0, largest_unit = 0;
+  for (int64_t k = 0; k <= L; ++k) {
+    shards += std::ceil(unit[k] / W);
+    if (k > 0) largest_unit = std::max(largest_unit, unit[k]);
   }
-  const double f32 = sizeof(float);
+  // A gathered unit: fp32 parameters and gradients, the bf16 receive buffer, the bf16 send and
+  // fp32 reduce-scatter buffers of one shard.
+  auto gathered = [&](double full) {
+    return full * (2 * f32 + 2) + std::ceil(full / W) * (2 + f32);
+  };
+  const double largest_frozen_layer =
+      frozen_layer.empty() ? 0 : *std::max_element(frozen_layer.begin(), frozen_layer.end());
   WorkerMemoryEstimate e;
+  e.sharded_state = 4 * f32 * shards;
+  e.gathered_units = gathered(unit[0]) + 2 * gathered(largest_unit);
+  e.frozen_fp32 = f32 * (frozen_root + 2 * largest_frozen_layer);
+  e.activations = EstimateActivationBytes(config, batch, seq);
+  e.checkpoint_writer = 2 * f32 * largest_trained;  // one tensor gathered, and its pieces
+  e.frozen_lookup_elements = lookup;
   e.terms = {
-      {"the whole model in fp32, read by every worker at load", total * f32},
-      {"the checkpoint gather buffer (the whole model in fp32)", total * f32},
-      {"sharded fp32 master weights, gradients and 2 AdamW moments",
-       4 * f32 * train / std::max(1, world)},
-      {"frozen tensors replicated in fp32", frozen * f32},
-      // Two prefetch slots and the root unit, parameters and gradients each.
-      {"gathered FSDP units", 2 * 2 * f32 * largest_layer},
-      {"activations", EstimateActivationBytes(config, batch, seq)},
+      {"sharded fp32 master weights, gradients and 2 AdamW moments", e.sharded_state},
+      {"gathered FSDP units (the root for the whole step, two layer slots)", e.gathered_units},
+      {"frozen tensors converted to fp32 (outside the layers, two layers)", e.frozen_fp32},
+      {"activations", e.activations},
+      {"the checkpoint writer's largest tensor", e.checkpoint_writer},
   };
   std::stable_sort(e.terms.begin(), e.terms.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -60,14 +99,17 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
   std::string advice;
   if (what.find("activations") != std::string::npos)
     advice = "lower --batch-size-per-device or --max-seq-len";
+  else if (what.find("sharded") != std::string::npos || what.find("gathered") != std::string::npos)
+    advice =
+        "train fewer tensors (--freeze, e.g. '^(embed_tokens|layers\\.([0-9]|1[0-9]|2[0-9])\\.)' "
+        "to train only the last layers) or shard over more hosts (the sharded state falls as "
+        "1/workers)";
   else if (fit >= 1)
     advice = StrCat("at most ", fit,
                     " such worker(s) fit on this host: fewer workers here (--topology / "
                     "--num-workers), or more hosts");
   else
-    advice =
-        "even one worker does not fit: a smaller model, or a host with more memory (until "
-        "sharded loading lands, every worker reads the whole model in fp32)";
+    advice = "even one worker does not fit: a smaller model, or a host with more memory";
   return ResourceExhausted(StrCat(line, ": ", advice));
 }
 
