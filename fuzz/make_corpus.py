@@ -31,6 +31,47 @@ def safetensors(tensors, metadata=None, pad=True):
     return struct.pack("<Q", len(h)) + h + blob
 
 
+# ---- model directories (fuzz_model_dir: index JSON, NUL, shard; or a lone model.safetensors) ----
+# The target's micro config: vocab 8, hidden 4, one full-attention layer (1 head of 2), MLP 4.
+MICRO = [("embed_tokens.weight", [8, 4])] + [
+    ("layers.0." + n, shape) for n, shape in [
+        ("input_layernorm.weight", [4]), ("self_attn.q_proj.weight", [2, 4]),
+        ("self_attn.q_norm.weight", [2]), ("self_attn.k_proj.weight", [2, 4]),
+        ("self_attn.k_norm.weight", [2]), ("self_attn.v_proj.weight", [2, 4]),
+        ("self_attn.o_proj.weight", [4, 2]), ("post_attention_layernorm.weight", [4]),
+        ("pre_feedforward_layernorm.weight", [4]), ("mlp.gate_proj.weight", [4, 4]),
+        ("mlp.up_proj.weight", [4, 4]), ("mlp.down_proj.weight", [4, 4]),
+        ("post_feedforward_layernorm.weight", [4]), ("layer_scalar", [1])]] + [("norm.weight", [4])]
+
+
+def micro_model(dtype, prefix="model.", drop=()):
+    size = {"F32": 4, "BF16": 2, "F16": 2}[dtype]
+    out = []
+    for i, (name, shape) in enumerate(MICRO):
+        if name in drop:
+            continue
+        n = 1
+        for d in shape:
+            n *= d
+        raw = bytes((i * 7 + j) % 251 for j in range(n * size))
+        out.append((prefix + name, dtype, shape, raw))
+    return safetensors(out, metadata={"format": "pt"})
+
+
+def index_for(names, shard="model-00001-of-00001.safetensors"):
+    return json.dumps({"metadata": {"total_size": 0}, "weight_map": {n: shard for n in names}})
+
+
+put("fuzz_model_dir", "single_bf16", micro_model("BF16"))
+put("fuzz_model_dir", "single_multimodal_f16",
+    micro_model("F16", prefix="model.language_model."))
+names = ["model." + n for n, _ in MICRO]
+put("fuzz_model_dir", "index_f32", index_for(names).encode() + b"\0" + micro_model("F32"))
+put("fuzz_model_dir", "index_missing_shard",
+    index_for(names, "model-00002-of-00002.safetensors").encode() + b"\0" + micro_model("F32"))
+put("fuzz_model_dir", "no_layer_scalar",
+    micro_model("BF16", drop=("layers.0.layer_scalar",)))
+
 # ---- safetensors ----
 f32 = struct.pack("<6f", 1, -2, 3.5, 0, 1e-3, -7)
 put("fuzz_safetensors", "f32_2x3.safetensors", safetensors([("w", "F32", [2, 3], f32)]))

@@ -252,6 +252,18 @@ const Case kCases[] = {
     {"flag_not_a_number", "{bin} finetune --num-epochs three", 2, "--num-epochs = three"},
     {"flag_missing_value", "{bin} evaluate --model-id", 2, "--model-id"},
     {"flag_required_missing", "{bin} evaluate", 2, "--model-id is required"},
+    // ---- model.safetensors.index.json of a sharded model directory ----
+    {"index_names_a_missing_shard", "{eval}", 1,
+     "names the weight file model-00002-of-00002.safetensors, which is not in the directory",
+     "model.safetensors.index.json", "index/missing_shard.json"},
+    {"index_not_json", "{eval}", 1, "not a valid safetensors index", "model.safetensors.index.json",
+     "index/not_json.json"},
+    {"index_shard_outside_the_directory", "{eval}", 1, "is not a plain file name",
+     "model.safetensors.index.json", "index/shard_outside_dir.json"},
+    {"index_tensor_not_in_its_shard", "{eval}", 1,
+     "says model.safetensors holds model.layers.0.self_attn.q_proj.lora_A, but no weight file "
+     "has it",
+     "model.safetensors.index.json", "index/tensor_not_in_shard.json"},
     {"command_unknown", "{bin} fintune", 2, "unknown command 'fintune'; the commands are info"},
     {"command_missing", "{bin}", 2, "A subcommand is required"},
     // ---- storage ----

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "core/rng.h"
 #include "dist/gloo_process_group.h"
 #include "dist/store.h"
 #include "io/hf_model.h"
@@ -170,8 +171,9 @@ class CheckpointFixture : public ::testing::TestWithParam<const char*> {
   std::string Dir() const { return kFixtures + "/" + GetParam(); }
 };
 
-// `evaluate`'s path: nothing trained, every tensor served by FrozenWeights (the per-layer table's
-// rows from the mapped file, one layer at a time in fp32): transformers' logits.
+// `evaluate`'s path: nothing trained, every tensor served by FrozenWeights (the embedding tables'
+// rows and the tied head's vocabulary blocks from the mapped file, one layer at a time in fp32):
+// transformers' logits.
 TEST_P(CheckpointFixture, FrozenForwardGivesTransformersLogits) {
   if (!fs::exists(Dir())) GTEST_SKIP() << Dir() << " not generated";
   auto m = LoadModel(Dir(), 0);
@@ -180,8 +182,10 @@ TEST_P(CheckpointFixture, FrozenForwardGivesTransformersLogits) {
   Gemma4Engine engine(m->config, g.B, g.T);
   FrozenWeights frozen(m->registry, *m->weights,
                        std::vector<bool>(static_cast<size_t>(m->registry.layout.size()), true));
+  // Both embedding tables are used straight from the file (rows, and head blocks).
   EXPECT_EQ(frozen.LookupElements(),
-            m->registry.layout.entry(m->registry.embed_tokens_per_layer).numel);
+            m->registry.layout.entry(m->registry.embed_tokens_per_layer).numel +
+                m->registry.layout.entry(m->registry.embed_tokens).numel);
   ParamTable table;
   table.param.assign(m->registry.layout.size(), nullptr);
   table.grad.assign(m->registry.layout.size(), nullptr);
@@ -190,6 +194,60 @@ TEST_P(CheckpointFixture, FrozenForwardGivesTransformersLogits) {
   EXPECT_NEAR(r.Loss(), g.loss, 1e-4 * g.loss);
   EXPECT_LT(test::RelError(engine.logits(), g.logits.data(), static_cast<int64_t>(g.logits.size())),
             1e-4);
+}
+
+// Training with both embedding tables frozen and served from the source (rows, and the tied head
+// in vocabulary blocks, here three of them): the loss and every other gradient as with the tables
+// in an fp32 arena.
+TEST(FrozenWeights, FrozenEmbeddingsFromTheSourceTrainAsFromAnArena) {
+  Gemma4Config c;
+  c.vocab_size = c.vocab_size_per_layer_input = 2 * kFrozenHeadBlock + 123;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.layer_types = {LayerType::kSliding, LayerType::kFull};
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.global_head_dim = 16;
+  c.hidden_size_per_layer_input = 4;
+  c.sliding_window = 4;
+  c.final_logit_softcapping = 30.0;
+  c.initializer_range = 0.2;
+  ASSERT_TRUE(c.Validate().ok());
+  const int64_t B = 2, T = 7;
+  Gemma4Engine engine(c, B, T);
+  const ParamRegistry& reg = engine.registry();
+  std::vector<float> params(reg.layout.total());
+  InitParams(c, reg, params.data(), 11);
+  std::vector<int32_t> ids(B * T);
+  Rng rng(5);
+  for (auto& id : ids) id = 1 + static_cast<int32_t>(rng.Below(c.vocab_size - 1));
+  const Batch batch{ids.data(), nullptr, ids.data(), B, T};
+  auto trainable = TrainableTensors(reg, "^embed_tokens");
+  ASSERT_TRUE(trainable.ok());
+  ASSERT_FALSE(trainable->mask[reg.embed_tokens]);
+
+  std::vector<float> g_arena(reg.layout.total(), 0.0f), g_frozen(reg.layout.total(), 0.0f);
+  const ForwardResult a = engine.Forward(params.data(), batch);
+  engine.Backward(params.data(), g_arena.data(), batch, 1.0f / a.num_valid, &trainable->mask);
+
+  const ArenaWeights source(reg, params.data());
+  std::vector<bool> frozen(trainable->mask.size());
+  for (size_t i = 0; i < frozen.size(); ++i) frozen[i] = !trainable->mask[i];
+  FrozenWeights fw(reg, source, frozen);
+  ParamTable table = ParamTable::FromArenas(reg, params.data(), g_frozen.data(), &trainable->mask);
+  fw.Bind(&table);
+  ASSERT_EQ(table.param[reg.embed_tokens], nullptr);
+  const ForwardResult b = engine.Forward(table, batch, &fw);
+  engine.Backward(table, batch, 1.0f / b.num_valid, &fw);
+  EXPECT_NEAR(a.Loss(), b.Loss(), 1e-6 * a.Loss());
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (!trainable->mask[i]) continue;
+    const ArenaEntry& e = reg.layout.entry(i);
+    EXPECT_LT(test::RelError(g_frozen.data() + e.offset, g_arena.data() + e.offset, e.numel), 1e-5)
+        << e.name;
+  }
 }
 
 // FSDP at 1, 2 and 4 ranks, each reading only its shards: the gathered parameters are exactly the

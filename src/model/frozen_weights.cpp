@@ -20,7 +20,7 @@ int64_t LayerOf(const std::string& name) {
 }  // namespace
 
 bool IsLookupOnly(const ParamRegistry& reg, int entry) {
-  return entry >= 0 && entry == reg.embed_tokens_per_layer;
+  return entry >= 0 && (entry == reg.embed_tokens_per_layer || entry == reg.embed_tokens);
 }
 
 FrozenWeights::FrozenWeights(const ParamRegistry& reg, const WeightSource& source,

@@ -1,13 +1,14 @@
 // The tensors a run does not train (frozen with --freeze, every tensor in `evaluate`, and the
 // layer_scalar buffers), made available to the engine without an fp32 copy of the whole set:
-// - a frozen embedding table used only as a lookup (the per-layer table) is never copied: the
-//   engine takes the rows of each batch from the WeightSource, which converts them from the
-//   memory-mapped checkpoint (shared by the processes of a host through the page cache);
+// - a frozen embedding table is never copied: the engine takes the rows of each batch from the
+//   WeightSource, which converts them from the memory-mapped checkpoint (shared by the processes
+//   of a host through the page cache); the tied LM head reads the embeddings a vocabulary block
+//   at a time;
 // - the frozen tensors of decoder layer l are converted to fp32 when the engine enters the layer
 //   (forward or backward), into one of two slots (l % 2), and stay there until layer l + 2 needs
 //   the slot, so a forward followed by the backward converts the last layer once;
-// - every other frozen tensor (the tied embeddings, norms, the per-layer projection) is converted
-//   once, at construction.
+// - every other frozen tensor (norms, the per-layer projection) is converted once, at
+//   construction.
 // Used by FsdpModel for its frozen entries and on its own (as the engine's hooks) by `evaluate`.
 #pragma once
 
@@ -42,7 +43,7 @@ class FrozenWeights : public ParamHooks {
 
   // Bytes of fp32 this object holds: the root copies and the two layer slots.
   size_t ResidentBytes() const { return (root_.size() + 2 * slot_size_) * sizeof(float); }
-  // Frozen elements served as lookups from the source (never copied).
+  // Frozen elements served from the source as rows and blocks (never copied whole).
   int64_t LookupElements() const { return lookup_elements_; }
 
  private:
@@ -60,8 +61,8 @@ class FrozenWeights : public ParamHooks {
   ParamTable* table_ = nullptr;
 };
 
-// Which registry entries an embedding lookup alone uses (a frozen one is served by
-// WeightSource::GatherRows): the per-layer embedding table.
+// The registry entries the engine can use straight from a WeightSource when frozen: the
+// embedding tables (rows for the lookups, vocabulary blocks for the tied head).
 bool IsLookupOnly(const ParamRegistry& reg, int entry);
 
 }  // namespace st

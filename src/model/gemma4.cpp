@@ -226,7 +226,11 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
 
   // Embeddings: x0 = E[ids] * sqrt(d)   [N,d]
   float* x0 = Act(resid_[0]);
-  ops.EmbeddingForward(ids, W(reg_.embed_tokens), x0, N, d, std::sqrt(static_cast<float>(d)));
+  if (const float* table = W(reg_.embed_tokens))
+    ops.EmbeddingForward(ids, table, x0, N, d, std::sqrt(static_cast<float>(d)));
+  else  // frozen and left in the checkpoint (FrozenWeights): the batch's rows
+    t.rows.at(reg_.embed_tokens)
+        ->GatherRows(reg_.embed_tokens, ids, N, std::sqrt(static_cast<float>(d)), x0);
 
   // Per-layer inputs: ple[l] = (norm(x0 Wplmp^T / sqrt(d)) + Epl[ids] * sqrt(P)) / sqrt(2)
   if (P > 0) {
@@ -262,7 +266,10 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
   float* logits = Act(a_logits_);
   ops.RmsNormForward(Act(resid_[L]), W(reg_.norm), hN, Act(a_rstd_f_), N, d,
                      static_cast<float>(cfg_.rms_norm_eps));
-  ops.LinearForward(hN, W(reg_.embed_tokens), logits, N, d, V, 1.0f, false);
+  if (const float* head = W(reg_.embed_tokens))
+    ops.LinearForward(hN, head, logits, N, d, V, 1.0f, false);
+  else
+    FrozenHeadForward(t, hN, logits, N);
   ops.SoftcapForward(logits, N * V, static_cast<float>(cfg_.final_logit_softcapping));
 
   ForwardResult r;
@@ -347,6 +354,55 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
   if (hooks) hooks->AfterForward(i, Part::kLayer);
 }
 
+// The tied head when embed_tokens is frozen and served from the checkpoint: the vocabulary in
+// blocks of kFrozenHeadBlock rows, each converted into one scratch block (allocated at first use,
+// then reused), so the fp32 table is never whole.
+constexpr int64_t kHeadBlock = kFrozenHeadBlock;
+
+void Gemma4Engine::EnsureHeadScratch(int64_t N) {
+  const int64_t d = cfg_.hidden_size;
+  if (head_w_.size() < kHeadBlock * d)
+    head_w_ = AlignedBuffer(kHeadBlock * d, "a block of the frozen LM head (fp32)");
+  if (head_y_.size() < max_B_ * max_T_ * kHeadBlock)
+    head_y_ = AlignedBuffer(max_B_ * max_T_ * kHeadBlock, "the logits of one vocabulary block");
+  (void)N;
+}
+
+void Gemma4Engine::FrozenHeadForward(const ParamTable& t, const float* hN, float* logits,
+                                     int64_t N) {
+  const Ops& ops = OpsFor(backend_);
+  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
+  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
+  EnsureHeadScratch(N);
+  for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
+    const int64_t c = std::min(kHeadBlock, V - v0);
+    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+    ops.LinearForward(hN, head_w_.data(), head_y_.data(), N, d, c, 1.0f, false);
+#pragma omp parallel for schedule(static) if (N * c > (1 << 16))
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(logits + n * V + v0, head_y_.data() + n * c, static_cast<size_t>(c) * 4);
+  }
+  rows->Release(reg_.embed_tokens);
+}
+
+void Gemma4Engine::FrozenHeadBackward(const ParamTable& t, const float* dlogits, float* dhN,
+                                      int64_t N) {
+  const Ops& ops = OpsFor(backend_);
+  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
+  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
+  EnsureHeadScratch(N);
+  for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
+    const int64_t c = std::min(kHeadBlock, V - v0);
+    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+#pragma omp parallel for schedule(static) if (N * c > (1 << 16))
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(head_y_.data() + n * c, dlogits + n * V + v0, static_cast<size_t>(c) * 4);
+    ops.LinearBackward(Act(a_hN_), head_w_.data(), head_y_.data(), dhN, nullptr, N, d, c, 1.0f,
+                       v0 > 0);
+  }
+  rows->Release(reg_.embed_tokens);
+}
+
 void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scale,
                             ParamHooks* hooks) {
   ST_CHECK(b.labels != nullptr) << "Backward needs labels";
@@ -361,8 +417,10 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
   ops.CrossEntropySoftcapBackward(dlogits, targets_.data(), N, V,
                                   static_cast<float>(cfg_.final_logit_softcapping), grad_scale);
   float* dhN = Act(g_dn_);
-  ops.LinearBackward(Act(a_hN_), W(reg_.embed_tokens), dlogits, dhN, G(reg_.embed_tokens), N, d, V,
-                     1.0f, false);
+  if (const float* head = W(reg_.embed_tokens))
+    ops.LinearBackward(Act(a_hN_), head, dlogits, dhN, G(reg_.embed_tokens), N, d, V, 1.0f, false);
+  else
+    FrozenHeadBackward(t, dlogits, dhN, N);
   float* dx = Act(g_dx_);
   ops.RmsNormBackward(Act(resid_[L]), W(reg_.norm), Act(a_rstd_f_), dhN, dx, G(reg_.norm), N, d,
                       false);

@@ -70,6 +70,10 @@ double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64
 // --max-seq-len 2000000000 is then a message instead of an allocation failure in the engine.
 Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq);
 
+// Vocabulary rows per block of the tied LM head when embed_tokens is frozen (FrozenWeights): the
+// engine then holds one block of weights [block, d] and its logits [B*T, block] in fp32.
+constexpr int64_t kFrozenHeadBlock = 8192;
+
 class Gemma4Engine {
  public:
   Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
@@ -117,6 +121,10 @@ class Gemma4Engine {
                     ParamHooks* hooks);
   void LayerBackward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                      ParamHooks* hooks);
+  // The tied LM head over a frozen embed_tokens that the table serves as rows (no fp32 table).
+  void EnsureHeadScratch(int64_t N);
+  void FrozenHeadForward(const ParamTable& t, const float* hN, float* logits, int64_t N);
+  void FrozenHeadBackward(const ParamTable& t, const float* dlogits, float* dhN, int64_t N);
   // The table of the arena convenience calls, rebuilt only when the arenas change.
   const ParamTable& ArenaTable(const float* params, float* grads,
                                const std::vector<bool>* trainable);
@@ -137,7 +145,8 @@ class Gemma4Engine {
   std::vector<int> g_dk_, g_dv_;  // per layer: index of the K/V gradient accumulator it adds to
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
-  std::vector<int32_t> targets_;  // [N] labels shifted left by one, -100 at each row's end
+  std::vector<int32_t> targets_;   // [N] labels shifted left by one, -100 at each row's end
+  AlignedBuffer head_w_, head_y_;  // frozen head: one vocabulary block's weights and logits
   ParamTable arena_table_;
   const float* arena_params_ = nullptr;
   float* arena_grads_ = nullptr;

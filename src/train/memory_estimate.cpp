@@ -69,6 +69,9 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   e.gathered_units = gathered(unit[0]) + 2 * gathered(largest_unit);
   e.frozen_fp32 = f32 * (frozen_root + 2 * largest_frozen_layer);
   e.activations = EstimateActivationBytes(config, batch, seq);
+  if (!trainable[registry.embed_tokens])  // the frozen head's block of weights and logits
+    e.activations += f32 * static_cast<double>(kFrozenHeadBlock) *
+                     static_cast<double>(config.hidden_size + batch * seq);
   e.checkpoint_writer = 2 * f32 * largest_trained;  // one tensor gathered, and its pieces
   e.frozen_lookup_elements = lookup;
   e.terms = {
