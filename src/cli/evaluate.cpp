@@ -1,6 +1,9 @@
 // `slicetrain evaluate`: the loss and perplexity of a model (a checkpoint directory or a preset) on
 // an instruction data set, with the same tokenization, template and loss as `finetune`. One
 // process; how a user checks a checkpoint.
+#include <sys/resource.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -57,6 +60,10 @@ Status Run(const EvaluateArgs& a) {
   frozen.Bind(&table);
   double loss_sum = 0;
   int64_t tokens = 0;
+  // Progress on stderr, a line per tenth, when the run is long enough to need it.
+  const int64_t batches = (set.size() + a.batch_size - 1) / a.batch_size;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t done = 0, next_report = std::max<int64_t>(1, batches / 10);
   for (int64_t start = 0; start < set.size(); start += a.batch_size) {
     std::vector<int64_t> rows;
     for (int64_t i = start; i < std::min(set.size(), start + a.batch_size); ++i) rows.push_back(i);
@@ -66,14 +73,29 @@ Status Run(const EvaluateArgs& a) {
         table, Batch{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T}, &frozen);
     loss_sum += r.loss_sum;
     tokens += r.num_valid;
+    ++done;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (done == next_report && done < batches && s > 10) {
+      std::fprintf(stderr, "evaluate: %lld/%lld batches, %.0f s, about %.0f s left\n",
+                   (long long)done, (long long)batches, s, s / done * (batches - done));
+      next_report += std::max<int64_t>(1, batches / 10);
+    } else if (done == next_report) {
+      next_report += std::max<int64_t>(1, batches / 10);
+    }
   }
   if (tokens == 0) return InvalidArgument("the data set has no tokens to evaluate");
   const double loss = loss_sum / static_cast<double>(tokens);
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double peak_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
   if (a.json)
-    std::printf("{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld, \"examples\": %lld}\n",
-                loss, std::exp(loss), (long long)tokens, (long long)set.size());
+    std::printf(
+        "{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld, \"examples\": %lld, "
+        "\"peak_rss_mib\": %.1f}\n",
+        loss, std::exp(loss), (long long)tokens, (long long)set.size(), peak_mib);
   else
-    std::printf("loss=%.4f perplexity=%.4f tokens=%lld\n", loss, std::exp(loss), (long long)tokens);
+    std::printf("loss=%.4f perplexity=%.4f tokens=%lld peak_rss=%.0fMiB\n", loss, std::exp(loss),
+                (long long)tokens, peak_mib);
   return Status::Ok();
 }
 

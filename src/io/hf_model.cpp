@@ -176,13 +176,36 @@ StatusOr<std::unique_ptr<CheckpointWeights>> CheckpointWeights::Open(
   return w;
 }
 
+namespace {
+// Drops the whole pages inside [begin, end) of a read-only file mapping from this process.
+void DropPages(uintptr_t begin, uintptr_t end) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
+  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+}  // namespace
+
 void CheckpointWeights::Read(int entry, int64_t begin, int64_t count, float* dst) const {
   const Where& w = where_[static_cast<size_t>(entry)];
   if (w.file == nullptr) {
     std::fill(dst, dst + count, 1.0f);
     return;
   }
-  w.file->ReadF32Range(*w.info, begin, count, dst);
+  // A large range (a rank's shard of the embeddings, a layer's matrices) in chunks whose file
+  // pages are dropped once converted: the process never holds more than a chunk of the file.
+  const int64_t elem = static_cast<int64_t>(ElementBytes(w.info->dtype));
+  const int64_t chunk = (int64_t{16} << 20) / elem;
+  if (count * elem < (int64_t{16} << 20)) {
+    w.file->ReadF32Range(*w.info, begin, count, dst);
+    return;
+  }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(w.file->Data(*w.info));
+  for (int64_t j = 0; j < count; j += chunk) {
+    const int64_t n = std::min(chunk, count - j);
+    w.file->ReadF32Range(*w.info, begin + j, n, dst + j);
+    DropPages(base + static_cast<uintptr_t>((begin + j) * elem),
+              base + static_cast<uintptr_t>((begin + j + n) * elem));
+  }
 }
 
 std::optional<WeightSource::Stored> CheckpointWeights::StoredBytes(int entry) const {
@@ -193,15 +216,15 @@ std::optional<WeightSource::Stored> CheckpointWeights::StoredBytes(int entry) co
   return Stored{w.file->Data(*w.info), w.info->end - w.info->begin, *d};
 }
 
-void CheckpointWeights::Release(int entry) const {
+void CheckpointWeights::Release(int entry, int64_t begin, int64_t count) const {
   const Where& w = where_[static_cast<size_t>(entry)];
   if (w.file == nullptr) return;
-  // The whole pages inside the tensor's bytes (a page shared with a neighbour is left alone).
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(w.file->Data(*w.info));
-  const uintptr_t end = begin + (w.info->end - w.info->begin);
-  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
-  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+  // The whole pages inside the range's bytes (a page shared with a neighbour is left alone).
+  const uintptr_t elem = ElementBytes(w.info->dtype), bytes = w.info->end - w.info->begin;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(w.file->Data(*w.info));
+  const uintptr_t a = std::min(bytes, static_cast<uintptr_t>(begin) * elem);
+  const uintptr_t b = count < 0 ? bytes : std::min(bytes, a + static_cast<uintptr_t>(count) * elem);
+  DropPages(base + a, base + b);
 }
 
 StatusOr<LoadReport> LoadParams(const std::vector<std::string>& files, const Gemma4Config& cfg,

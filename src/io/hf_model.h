@@ -48,7 +48,7 @@ class CheckpointWeights : public WeightSource {
                                                            const std::string& index_path = "");
   void Read(int entry, int64_t begin, int64_t count, float* dst) const override;
   std::optional<Stored> StoredBytes(int entry) const override;
-  void Release(int entry) const override;
+  void Release(int entry, int64_t begin = 0, int64_t count = -1) const override;
   DType dtype() const override { return dtype_; }
   const LoadReport& report() const { return report_; }
 

@@ -38,10 +38,11 @@ class WeightSource {
   };
   virtual std::optional<Stored> StoredBytes(int /*entry*/) const { return std::nullopt; }
 
-  // A hint that `entry` will not be read again soon: a memory-mapped source drops the tensor's
-  // pages from this process (they stay in the page cache, shared and reclaimable), so that RSS
-  // counts what the process holds, not the file it read from. Default: nothing.
-  virtual void Release(int /*entry*/) const {}
+  // A hint that elements [begin, begin + count) of `entry` (count < 0: to its end) will not be
+  // read again soon: a memory-mapped source drops their pages from this process (they stay in the
+  // page cache, shared and reclaimable), so that RSS counts what the process holds, not the file
+  // it read from. Default: nothing.
+  virtual void Release(int /*entry*/, int64_t /*begin*/ = 0, int64_t /*count*/ = -1) const {}
 
   // The element type of most stored weights (F32 for presets): the default save dtype.
   virtual DType dtype() const = 0;

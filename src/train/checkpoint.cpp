@@ -102,7 +102,15 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
     }
     if (!writer || !status.ok()) continue;
     if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) {
-      status = out->AppendStored(i, s->data, s->bytes, s->dtype);
+      // Copied from the mapped file in chunks whose pages are dropped once written: the writer
+      // does not end up holding the frozen tensors' pages.
+      constexpr size_t kBytes = size_t{16} << 20;
+      const size_t elem = DTypeSize(s->dtype);
+      for (size_t off = 0; off < s->bytes && status.ok(); off += kBytes) {
+        const size_t n = std::min(kBytes, s->bytes - off);
+        status = out->AppendStored(i, static_cast<const char*>(s->data) + off, n, s->dtype);
+        source.Release(i, static_cast<int64_t>(off / elem), static_cast<int64_t>(n / elem));
+      }
       continue;
     }
     if (chunk.size() == 0) chunk = AlignedBuffer(kChunk, "the checkpoint writer's chunk");
