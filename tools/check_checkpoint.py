@@ -7,17 +7,141 @@ instruction set, tokenized, padded and masked as slicetrain does, must equal wha
 Usage: tools/.venv/bin/python tools/check_checkpoint.py --checkpoint DIR \
            [--slicetrain build/slicetrain] [--records 64] [--max-seq-len 64]
 Exit status 0 when the two losses agree to 1e-4 (relative).
+
+The checkpoint may be one model.safetensors or a sharded export (model.safetensors.index.json plus the
+shards it names), with any mix of F32 / BF16 / F16 tensors; transformers loads it in fp32. The weight files
+are validated first (every shard present, every index entry in its shard, no tensor twice) and a one-line
+summary (files, tensors, dtypes) goes to stderr.
+
+Weight comparison instead of the loss check:
+       tools/.venv/bin/python tools/check_checkpoint.py --checkpoint DIR --compare-weights OTHER_DIR \
+           [--atol 0] [--only-failures] [--loss]
+reads every tensor of both directories with safetensors (all shards), casts to fp32 and prints the largest
+absolute difference per tensor. Exit status 1 if a tensor differs by more than --atol (default 0: bitwise-equal
+values after the cast, so BF16 vs its exact F32 widening passes), a tensor is in only one directory, or the shapes
+differ. With --loss the loss check above runs as well (both must pass).
 """
 import argparse
+import collections
 import json
 import pathlib
 import subprocess
 import sys
 
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+CHUNK_ELEMS = 1 << 24  # compare big tensors in row blocks of about this many elements (fp32 temporaries)
+
+
+def weight_files(ckpt) -> dict:
+    """{tensor name: file path} of a checkpoint directory, validated. Sharded (INDEX) or single file."""
+    d = pathlib.Path(ckpt)
+    index = d / INDEX
+    if index.exists():
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        where = {}
+        for shard in sorted(set(weight_map.values())):
+            path = d / shard
+            if not path.exists():
+                raise SystemExit(f"{d}: shard {shard} named in {INDEX} is missing")
+            with safe_open(str(path), framework="pt") as f:
+                names = list(f.keys())
+            for n in names:
+                if n in where:
+                    raise SystemExit(f"{d}: tensor {n} is in both {where[n].name} and {shard}")
+                if weight_map.get(n) != shard:
+                    raise SystemExit(f"{d}: tensor {n} is in {shard} but {INDEX} says {weight_map.get(n)}")
+                where[n] = path
+        missing = sorted(set(weight_map) - set(where))
+        if missing:
+            raise SystemExit(f"{d}: {len(missing)} tensor(s) of {INDEX} not found in their shard, e.g. {missing[0]}")
+        return where
+    path = d / SINGLE
+    if not path.exists():
+        raise SystemExit(f"{d}: neither {SINGLE} nor {INDEX}")
+    with safe_open(str(path), framework="pt") as f:
+        return {n: path for n in f.keys()}
+
+
+def describe(ckpt, where: dict) -> str:
+    dtypes = collections.Counter()
+    by_file = collections.defaultdict(list)
+    for n, p in where.items():
+        by_file[p].append(n)
+    for p, names in by_file.items():
+        with safe_open(str(p), framework="pt") as f:
+            for n in names:
+                dtypes[f.get_slice(n).get_dtype()] += 1
+    kind = f"{len(by_file)} shards" if (pathlib.Path(ckpt) / INDEX).exists() else "1 file"
+    mix = ", ".join(f"{k} {v}" for k, v in sorted(dtypes.items()))
+    return f"{ckpt}: {kind}, {len(where)} tensors ({mix}{'; mixed dtypes' if len(dtypes) > 1 else ''})"
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| after casting both to fp32 (float64 for integer tensors); equal values (also equal
+    infinities, and NaN against NaN) count 0, NaN against a number counts inf."""
+    wide = torch.float32 if a.dtype.is_floating_point and b.dtype.is_floating_point else torch.float64
+    a2, b2 = a.reshape(a.shape[0] if a.dim() else 1, -1), b.reshape(b.shape[0] if b.dim() else 1, -1)
+    rows = max(1, CHUNK_ELEMS // max(1, a2.shape[1]))
+    worst = 0.0
+    for r in range(0, a2.shape[0], rows):
+        x, y = a2[r:r + rows].to(wide), b2[r:r + rows].to(wide)
+        d = torch.where(x == y, torch.zeros((), dtype=wide), (x - y).abs())
+        d = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros((), dtype=wide), d)
+        d = torch.nan_to_num(d, nan=float("inf"), posinf=float("inf"))
+        if d.numel():
+            worst = max(worst, float(d.max()))
+    return worst
+
+
+def compare_weights(ckpt, other, atol: float, only_failures: bool) -> int:
+    wa, wb = weight_files(ckpt), weight_files(other)
+    print(describe(ckpt, wa))
+    print(describe(other, wb))
+    only_a, only_b = sorted(set(wa) - set(wb)), sorted(set(wb) - set(wa))
+    failures = 0
+    for n in only_a:
+        print(f"ONLY IN {ckpt}: {n}")
+    for n in only_b:
+        print(f"ONLY IN {other}: {n}")
+    failures += len(only_a) + len(only_b)
+    handles = {}
+
+    def get(path, name):
+        if path not in handles:
+            handles[path] = safe_open(str(path), framework="pt")
+        return handles[path].get_tensor(name)
+
+    worst_name, worst = None, -1.0
+    pairs = collections.Counter()
+    for n in sorted(set(wa) & set(wb)):
+        a, b = get(wa[n], n), get(wb[n], n)
+        da, db = str(a.dtype).replace("torch.", ""), str(b.dtype).replace("torch.", "")
+        pairs[f"{da}/{db}" if da != db else da] += 1
+        if tuple(a.shape) != tuple(b.shape):
+            print(f"SHAPE {n}: {list(a.shape)} vs {list(b.shape)}")
+            failures += 1
+            continue
+        diff = max_abs_diff(a, b)
+        bad = not diff <= atol
+        failures += bad
+        if diff > worst:
+            worst_name, worst = n, diff
+        if bad or not only_failures:
+            print(f"{'DIFF' if bad else 'ok  '} {n} {da if da == db else da + '/' + db} {list(a.shape)} "
+                  f"max|diff|={diff:.6g}")
+        del a, b
+    common = len(set(wa) & set(wb))
+    print(f"compared {common} tensors ({', '.join(f'{k} {v}' for k, v in sorted(pairs.items()))}); "
+          f"{len(only_a)} only in {ckpt}, {len(only_b)} only in {other}; largest max|diff|={max(worst, 0.0):.6g}"
+          f"{f' ({worst_name})' if worst > 0 else ''}; atol={atol:g} | {'OK' if failures == 0 else 'MISMATCH'}")
+    return 0 if failures == 0 else 1
 
 
 def prompt(rec: dict) -> str:
@@ -36,7 +160,23 @@ def main() -> int:
     p.add_argument("--dataset", default=str(ROOT / "data" / "tiny_instruct" / "train.jsonl"))
     p.add_argument("--records", type=int, default=64)
     p.add_argument("--max-seq-len", type=int, default=64)
+    p.add_argument("--compare-weights", metavar="OTHER_DIR",
+                   help="compare every tensor with OTHER_DIR's instead of checking the loss")
+    p.add_argument("--atol", type=float, default=0.0, help="--compare-weights tolerance on max|diff| (default 0)")
+    p.add_argument("--only-failures", action="store_true", help="--compare-weights: print only failing tensors")
+    p.add_argument("--loss", action="store_true", help="with --compare-weights: run the loss check as well")
     a = p.parse_args()
+
+    if a.compare_weights:
+        rc = compare_weights(a.checkpoint, a.compare_weights, a.atol, a.only_failures)
+        if not a.loss:
+            return rc
+        return max(rc, check_loss(a))
+    return check_loss(a)
+
+
+def check_loss(a) -> int:
+    print(describe(a.checkpoint, weight_files(a.checkpoint)), file=sys.stderr)
 
     out = subprocess.run([a.slicetrain, "evaluate", "--json", "--model-id", a.checkpoint,
                           "--dataset", a.dataset, "--dataset-split", f"train[:{a.records}]",

@@ -2,16 +2,22 @@
 """Generate golden fixtures for the slicetrain C++ tests from the installed HF transformers Gemma 4 code.
 
 Usage (from the repository root):
-    tools/.venv/bin/python tools/make_fixtures.py [--out tests/fixtures] [--only tiny_text,tiny_mm]
+    tools/.venv/bin/python tools/make_fixtures.py [--out tests/fixtures] [--only tiny_text,tiny_mm,...]
 
 For each fixture <name> this writes tests/fixtures/<name>/:
     config.json             model config as written by save_pretrained
     generation_config.json  (written by save_pretrained; not needed by the C++ side)
-    model.safetensors       fp32 weights as written by save_pretrained(safe_serialization=True)
-    golden.safetensors      inputs, logits, loss, per-layer hidden states and gradients (see tests/fixtures/README.md)
+    model.safetensors       weights as written by save_pretrained(safe_serialization=True): fp32 for tiny_text /
+                            tiny_mm, bf16 for the *_bf16* fixtures; tiny_text_bf16_sharded instead has
+                            model-0000K-of-0000N.safetensors shards plus model.safetensors.index.json
+    golden.safetensors      inputs, logits, loss, per-layer hidden states and (fp32 fixtures only) gradients
+                            (see tests/fixtures/README.md)
 
-Everything is fp32, eager attention, model.train() with dropout 0, use_cache=False, fixed seeds. The script
-is deterministic: running it twice produces bit-identical golden tensors on the same torch build.
+The golden computation is fp32, eager attention, model.train() with dropout 0, use_cache=False, fixed seeds; for
+a bf16 fixture it runs on the weights read back from the bf16 files and cast to fp32. The script is deterministic:
+running it twice produces byte-identical files on the same torch build. On x86-64 it pins ATEN_CPU_CAPABILITY=avx2
+(unless already set) so that AVX-512 machines reproduce the committed files too (the fp32 reductions in the
+backward pass round differently under the AVX-512 kernels).
 """
 
 from __future__ import annotations
@@ -20,8 +26,13 @@ import argparse
 import json
 import math
 import os
+import platform
 import shutil
 import sys
+
+if platform.machine().lower() in ("x86_64", "amd64"):
+    # Must be set before torch is imported. See the module docstring.
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
 import torch
 from safetensors import safe_open
@@ -29,10 +40,12 @@ from safetensors.torch import save_file
 
 import transformers
 from transformers import (
+    Gemma4AudioConfig,
     Gemma4Config,
     Gemma4ForCausalLM,
     Gemma4ForConditionalGeneration,
     Gemma4TextConfig,
+    Gemma4VisionConfig,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,6 +131,50 @@ FIXTURES = {
     ),
 }
 
+# Fixtures for the sharded / bf16 / multimodal-file loader paths. Each starts from an fp32 fixture above (same
+# spec, seed, perturbation and batch, so the text weights are exactly the bf16 rounding of that fixture's weights),
+# is converted to bfloat16 before save_pretrained, and its golden tensors are computed in fp32 by the model read
+# back from the written files. No gradients (keeps each directory well under 2 MB).
+#   save_dtype      dtype of the written weights
+#   max_shard_size  passed to save_pretrained (None: transformers' default, i.e. one file for these sizes)
+#   vision / audio  Gemma4VisionConfig / Gemma4AudioConfig kwargs (conditional_generation only)
+#   grads           whether golden.safetensors gets grad.<key> tensors
+FIXTURES["tiny_text_bf16_sharded"] = dict(
+    FIXTURES["tiny_text"],
+    save_dtype="bfloat16",
+    max_shard_size="150KB",
+    grads=False,
+)
+FIXTURES["tiny_mm_vision_bf16"] = dict(
+    FIXTURES["tiny_mm"],
+    vision=dict(
+        hidden_size=16,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        patch_size=4,
+        position_embedding_size=12,
+        pooling_kernel_size=2,
+    ),
+    audio=dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[4, 8],
+        conv_kernel_size=3,
+        output_proj_dims=24,
+    ),
+    save_dtype="bfloat16",
+    max_shard_size=None,
+    grads=False,
+)
+
+# Module-name prefixes of the multimodal towers (Gemma4Model attributes); their weights are perturbed separately so
+# that the text weights come out exactly as in the text-only fixture with the same seed.
+TOWER_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+
 # Weight perturbation (see README): every RMSNorm weight -> 1 + 0.2*randn, every layer_scalar -> U(0.5, 1.5),
 # Linear weights -> N(0, LINEAR_STD), embedding tables -> N(0, EMBED_STD) except row pad_token_id, which keeps its
 # constructed value (zeros, from PreTrainedModel._init_weights with padding_idx).
@@ -134,7 +191,9 @@ def build_model(spec: dict):
         cfg._attn_implementation = "eager"
         model = Gemma4ForCausalLM(cfg)
     else:
-        cfg = Gemma4Config(text_config=tcfg, vision_config=None, audio_config=None, tie_word_embeddings=True)
+        vcfg = Gemma4VisionConfig(**spec["vision"]) if spec.get("vision") else None
+        acfg = Gemma4AudioConfig(**spec["audio"]) if spec.get("audio") else None
+        cfg = Gemma4Config(text_config=tcfg, vision_config=vcfg, audio_config=acfg, tie_word_embeddings=True)
         cfg._attn_implementation = "eager"
         model = Gemma4ForConditionalGeneration(cfg)
     model.set_attn_implementation("eager")
@@ -148,6 +207,8 @@ def perturb_weights(model, seed: int, pad_id: int):
     embeds = {id(text_model.embed_tokens.weight), id(text_model.embed_tokens_per_layer.weight)}
     seen = set()
     for name, module in model.named_modules():
+        if (name + ".").startswith(TOWER_PREFIXES):
+            continue
         for pname, p in list(module.named_parameters(recurse=False)):
             if id(p) in seen:
                 continue
@@ -166,6 +227,37 @@ def perturb_weights(model, seed: int, pad_id: int):
         for bname, b in list(module.named_buffers(recurse=False)):
             if bname == "layer_scalar":
                 b.copy_(0.5 + torch.rand(b.shape, generator=gen))
+    perturb_towers(model, seed)
+
+
+@torch.no_grad()
+def perturb_towers(model, seed: int):
+    """Vision/audio tower weights (if any): norm weights (RMSNorm, LayerNorm) 1 + 0.2*randn, every other parameter (linear, conv,
+    bias, position table, per_dim_scale) 0.1*randn; the persistent clip bounds of Gemma4ClippableLinear become
+    finite (input/output min = -(2 + U), max = 2 + U) instead of the constructed +-inf. Own generator (seed + 3)."""
+    gen = torch.Generator().manual_seed(seed + 3)
+    seen = set()
+    for name, module in model.named_modules():
+        if not (name + ".").startswith(TOWER_PREFIXES):
+            continue
+        cls = module.__class__.__name__
+        for pname, p in list(module.named_parameters(recurse=False)):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if "Norm" in cls and pname == "weight":
+                p.copy_(1.0 + NORM_STD * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(LINEAR_STD * torch.randn(p.shape, generator=gen))
+        for bname, b in list(module.named_buffers(recurse=False)):
+            if bname in module._non_persistent_buffers_set:
+                continue
+            if bname in ("input_min", "output_min"):
+                b.copy_(-(2.0 + torch.rand(b.shape, generator=gen)))
+            elif bname in ("input_max", "output_max"):
+                b.copy_(2.0 + torch.rand(b.shape, generator=gen))
+            else:
+                raise RuntimeError(f"unhandled persistent buffer {name}.{bname} ({cls})")
 
 
 def make_batch(spec: dict, vocab: int, pad_id: int):
@@ -188,6 +280,47 @@ def saved_keys(path: str) -> list[str]:
         return list(f.keys())
 
 
+WEIGHT_FILES_KEPT = ("config.json", "model.safetensors", "generation_config.json", "model.safetensors.index.json")
+
+
+def is_shard_name(fn: str) -> bool:
+    # model-00001-of-00003.safetensors
+    parts = fn[: -len(".safetensors")].split("-") if fn.endswith(".safetensors") else []
+    return len(parts) == 4 and parts[0] == "model" and parts[2] == "of" and parts[1].isdigit() and parts[3].isdigit()
+
+
+def checkpoint_keys(out: str) -> list[str]:
+    """Tensor names of the written checkpoint, in file order (shard by shard for a sharded one)."""
+    index = os.path.join(out, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return saved_keys(os.path.join(out, "model.safetensors"))
+    with open(index, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    keys = []
+    for shard in sorted(set(weight_map.values())):
+        shard_keys = saved_keys(os.path.join(out, shard))
+        assert all(weight_map[k] == shard for k in shard_keys), shard
+        keys += shard_keys
+    assert sorted(keys) == sorted(weight_map), "index.json and the shards disagree"
+    return keys
+
+
+def reload_fp32(out: str, spec: dict, reference):
+    """Read the written (bf16) checkpoint back into an fp32 model and check it holds exactly the bf16-rounded
+    values of `reference` (the in-memory model that was saved)."""
+    cls = Gemma4ForCausalLM if spec["kind"] == "causal_lm" else Gemma4ForConditionalGeneration
+    model = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    model.set_attn_implementation("eager")
+    ref = reference.state_dict()
+    got = model.state_dict()
+    assert set(ref) == set(got), sorted(set(ref) ^ set(got))
+    for k, v in ref.items():
+        if got[k].dtype.is_floating_point and k in set(checkpoint_keys(out)) | {"lm_head.weight"}:
+            assert got[k].dtype == torch.float32, (k, got[k].dtype)
+            assert torch.equal(got[k], v.to(torch.float32)), k
+    return model
+
+
 def make_fixture(name: str, spec: dict, out_root: str):
     out = os.path.join(out_root, name)
     if os.path.isdir(out):
@@ -199,19 +332,36 @@ def make_fixture(name: str, spec: dict, out_root: str):
     pad_id = text_cfg.pad_token_id
     vocab = text_cfg.vocab_size
     perturb_weights(model, spec["seed"], pad_id)
-    model.train()
-    assert all(not isinstance(m, torch.nn.Dropout) or m.p == 0.0 for m in model.modules())
-    assert text_cfg.attention_dropout == 0.0
+    save_dtype = spec.get("save_dtype")
+    with_grads = spec.get("grads", True)
 
     # Tied lm_head must share storage with embed_tokens.
     text_model = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     assert model.lm_head.weight is text_model.embed_tokens.weight, "lm_head is not tied"
 
-    model.save_pretrained(out, safe_serialization=True)
+    if save_dtype is None:
+        model.save_pretrained(out, safe_serialization=True)
+    else:
+        model.to(getattr(torch, save_dtype))
+        kw = {} if spec.get("max_shard_size") is None else {"max_shard_size": spec["max_shard_size"]}
+        model.save_pretrained(out, safe_serialization=True, **kw)
     for fn in os.listdir(out):
-        if fn not in ("config.json", "model.safetensors", "generation_config.json"):
+        if fn not in WEIGHT_FILES_KEPT and not is_shard_name(fn):
             os.remove(os.path.join(out, fn))
-    keys = saved_keys(os.path.join(out, "model.safetensors"))
+    keys = checkpoint_keys(out)
+    if spec.get("max_shard_size") is not None:
+        n_shards = len([fn for fn in os.listdir(out) if is_shard_name(fn)])
+        assert n_shards >= 3 and not os.path.exists(os.path.join(out, "model.safetensors")), n_shards
+    if save_dtype is not None:
+        # golden tensors come from the model as a loader sees it: the bf16 files, upcast to fp32
+        model = reload_fp32(out, spec, model)
+        text_cfg = model.config.get_text_config()
+        text_model = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        assert model.lm_head.weight is text_model.embed_tokens.weight, "lm_head is not tied after reload"
+
+    model.train()
+    assert all(not isinstance(m, torch.nn.Dropout) or m.p == 0.0 for m in model.modules())
+    assert text_cfg.attention_dropout == 0.0
 
     ids, mask, labels = make_batch(spec, vocab, pad_id)
 
@@ -236,7 +386,8 @@ def make_fixture(name: str, spec: dict, out_root: str):
         h.remove()
     loss = out_obj.loss
     logits = out_obj.logits
-    loss.backward()
+    if with_grads:
+        loss.backward()
 
     # Cross-check the loss against a manual shifted CE.
     shift_labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
@@ -271,14 +422,15 @@ def make_fixture(name: str, spec: dict, out_root: str):
     for i in range(L):
         golden[f"hidden.{i}"] = layer_outputs[i].float().contiguous()
 
-    named = dict(model.named_parameters())
-    trainable = {n: p for n, p in named.items() if p.requires_grad}
-    assert set(trainable) == set(keys) - {
-        k for k in keys if k.endswith("layer_scalar")
-    }, sorted(set(trainable) ^ set(keys))
-    for n, p in trainable.items():
-        assert p.grad is not None, n
-        golden[f"grad.{n}"] = p.grad.detach().float().contiguous()
+    if with_grads:
+        named = dict(model.named_parameters())
+        trainable = {n: p for n, p in named.items() if p.requires_grad}
+        assert set(trainable) == set(keys) - {
+            k for k in keys if k.endswith("layer_scalar")
+        }, sorted(set(trainable) ^ set(keys))
+        for n, p in trainable.items():
+            assert p.grad is not None, n
+            golden[f"grad.{n}"] = p.grad.detach().float().contiguous()
 
     save_file(golden, os.path.join(out, "golden.safetensors"), metadata={
         # a single key keeps the header byte-identical between runs (safetensors does not order metadata keys)
@@ -327,19 +479,27 @@ def main():
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    names = [n for n in FIXTURES if not args.only or n in args.only.split(",")]
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in FIXTURES]
+    if unknown:
+        ap.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
+    names = [n for n in FIXTURES if not only or n in only]
     for name in names:
         spec = FIXTURES[name]
         _, meta, _ = make_fixture(name, spec, args.out)
-        err, e_pad, w_pad = tied_grad_check(spec)
-        assert err < 1e-6, err
-        print(f"[{name}] loss={meta['loss']:.6f} valid_tokens={meta['n_valid']} tied-grad check max|diff|={err:.2e} "
-              f"(lookup grad on pad row={e_pad:.1e}, lm_head grad on pad row={w_pad:.1e})")
+        if spec.get("grads", True):
+            err, e_pad, w_pad = tied_grad_check(spec)
+            assert err < 1e-6, err
+            print(f"[{name}] loss={meta['loss']:.6f} valid_tokens={meta['n_valid']} tied-grad check "
+                  f"max|diff|={err:.2e} (lookup grad on pad row={e_pad:.1e}, lm_head grad on pad row={w_pad:.1e})")
+        else:
+            print(f"[{name}] loss={meta['loss']:.6f} valid_tokens={meta['n_valid']} tensors={len(meta['keys'])} "
+                  f"(written as {spec.get('save_dtype') or 'float32'}; golden from the written weights in fp32)")
         if args.verbose:
             print(json.dumps(meta["keys"], indent=1))
         for fn in sorted(os.listdir(os.path.join(args.out, name))):
             sz = os.path.getsize(os.path.join(args.out, name, fn))
-            print(f"    {fn:24s} {sz:>10d} bytes")
+            print(f"    {fn:34s} {sz:>10d} bytes")
 
 
 if __name__ == "__main__":
