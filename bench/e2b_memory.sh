@@ -8,7 +8,8 @@
 # loss as `slicetrain evaluate`, frozen tensors byte-identical to the source).
 #   bench/e2b_memory.sh MODEL_DIR [FREEZE_REGEX]
 # Env: SLICETRAIN (binary), PYTHON (tools/.venv/bin/python), STEPS (training examples per worker, 2),
-#      SKIP_TRANSFORMERS_LOSS=1 (skip the fp32 transformers load: 4 bytes x parameters of memory).
+#      SKIP_TRANSFORMERS_LOSS=1 (skip the fp32 transformers load: 4 bytes x parameters of memory),
+#      OUT=DIR (keep the run and its checkpoint there), ONLY_FINETUNE=1 (skip info, evaluate, load).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${SLICETRAIN:-$root/build/slicetrain}"
@@ -18,9 +19,13 @@ model="$1"
 freeze="${2:-^(embed_tokens|per_layer|layers\.([0-9]|[12][0-9]|3[0-2])\.)}"
 steps="${STEPS:-2}"
 tok="$root/data/tokenizer"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+if [ -n "${OUT:-}" ]; then  # kept afterwards
+  out="$OUT" && mkdir -p "$out"
+else
+  out="$(mktemp -d)" && trap 'rm -rf "$out"' EXIT
+fi
 
+if [ -z "${ONLY_FINETUNE:-}" ]; then
 echo "## info (2 workers, --freeze '$freeze', batch 1 x 64)"
 "$bin" info --model-id "$model" --num-workers 2 --freeze "$freeze" --batch-size-per-device 1 \
   --max-seq-len 64 | tail -12
@@ -31,6 +36,7 @@ echo "## evaluate, one process (16 records, batch 8 x 64)"
 
 echo "## sharded load per worker, then transformers' load (same page cache)"
 "$bench_load" --model "$model" --workers 1,2 --freeze "$freeze" --peer "$py"
+fi
 
 echo "## finetune, 2 workers, $steps steps, RSS and PSS sampled each second"
 "$bin" finetune --no-dashboard --progress lines --model-id "$model" --tokenizer "$tok" \
