@@ -5,7 +5,6 @@
 // input for reduce_scatter. Workers are separate processes on 127.0.0.1 (TCP loopback).
 //   bench_collectives                 quick: 1 KiB .. 16 MiB (x16 steps) at 2, 4, 8 workers
 //   bench_collectives --full          every power of two from 1 KiB to 256 MiB
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +13,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_util.h"
 #include "dist/gloo_process_group.h"
 #include "dist/socket.h"
 #include "dist/tcp_store.h"
@@ -97,26 +97,6 @@ int Worker(const Config& cfg, int rank, int P, int port) {
   return StoreBarrier(*store, "bench-done", P).ok() ? 0 : 1;
 }
 
-int RunWorkers(const Config& cfg, int P) {
-  auto port = PickFreePort("127.0.0.1");
-  if (!port.ok()) return 1;
-  std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < P; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(Worker(cfg, r, P, *port));
-    pids.push_back(pid);
-  }
-  auto server = TcpStoreServer::Start("127.0.0.1", *port, "bench");
-  int failures = server.ok() ? 0 : 1;
-  for (pid_t pid : pids) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
-  }
-  return failures;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,6 +114,8 @@ int main(int argc, char** argv) {
     cfg.bytes_per_size = 512LL << 20;
   }
   int failures = 0;
-  for (int P : cfg.workers) failures += RunWorkers(cfg, P);
+  for (int P : cfg.workers)
+    failures += bench::RunForkedWorkers(
+        P, [&cfg](int rank, int n, int port) { return Worker(cfg, rank, n, port); });
   return failures == 0 ? 0 : 1;
 }

@@ -7,7 +7,6 @@
 // peer in the same run, on the same warm cache, to compare).
 //   bench_load --model DIR [--workers 1,2] [--freeze REGEX] [--peer PYTHON]
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "dist/gloo_process_group.h"
 #include "dist/socket.h"
 #include "dist/tcp_store.h"
@@ -88,26 +88,6 @@ int Worker(const Config& cfg, int rank, int P, int port) {
   return StoreBarrier(*store, "bench-done", P).ok() ? 0 : 1;
 }
 
-int RunWorkers(const Config& cfg, int P) {
-  auto port = PickFreePort("127.0.0.1");
-  if (!port.ok()) return 1;
-  std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < P; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(Worker(cfg, r, P, *port));
-    pids.push_back(pid);
-  }
-  auto server = TcpStoreServer::Start("127.0.0.1", *port, "bench");
-  int failures = server.ok() ? 0 : 1;
-  for (pid_t pid : pids) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
-  }
-  return failures;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,7 +102,9 @@ int main(int argc, char** argv) {
   std::printf("# %s, --freeze '%s', %d threads per worker\n", cfg.model.c_str(), cfg.freeze.c_str(),
               cpu::NumThreads());
   int failures = 0;
-  for (int P : cfg.workers) failures += RunWorkers(cfg, P);
+  for (int P : cfg.workers)
+    failures += bench::RunForkedWorkers(
+        P, [&cfg](int rank, int n, int port) { return Worker(cfg, rank, n, port); });
   if (!cfg.peer.empty()) {
     std::fflush(stdout);
     const std::string cmd =

@@ -1,9 +1,15 @@
 #include "bench_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <vector>
 
+#include "dist/socket.h"
+#include "dist/tcp_store.h"
 #include "kernels/cpu/ops_cpu.h"
 
 namespace st::bench {
@@ -19,6 +25,26 @@ double MeasureSgemmGflops(int n, int reps) {
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * n * n * double(n) / best / 1e9;
+}
+
+int RunForkedWorkers(int P, const std::function<int(int rank, int P, int port)>& worker) {
+  auto port = dist::PickFreePort("127.0.0.1");
+  if (!port.ok()) return P;
+  std::fflush(stdout);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < P; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(worker(r, P, *port));
+    pids.push_back(pid);
+  }
+  auto server = dist::TcpStoreServer::Start("127.0.0.1", *port, "bench");
+  int failures = server.ok() ? 0 : 1;
+  for (pid_t pid : pids) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
+  }
+  return failures;
 }
 
 }  // namespace st::bench
