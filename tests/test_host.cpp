@@ -178,6 +178,16 @@ TEST(Memory, AJobThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
   EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
 }
 
+// `step` trains the whole model in one process: gemma4-e2b (37 GB of fp32 weights and gradients)
+// is refused before anything is allocated, pointing at finetune.
+TEST(Memory, StepRefusesAModelThatCannotFitInOneProcess) {
+  const Ran r = RunCommand("timeout 60 " + kBin + " step --model-id gemma4-e2b --steps 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  ASSERT_EQ(ErrorLines(r.out).size(), 1u) << r.out;
+  for (const char* part : {"in one process", "GiB of fp32 weights", "available", "--freeze"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+}
+
 TEST(Memory, AFailedAllocationNamesTheBufferInOneLine) {
   try {
     AlignedBuffer huge(int64_t{1} << 60, "a test buffer");

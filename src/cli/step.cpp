@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "io/model_loader.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "launch/resources.h"
 #include "model/gemma4.h"
 
 namespace st::cli {
@@ -28,7 +29,19 @@ Status RunStep(const StepOptions& o) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const Gemma4Config& c = m.config;
   Gemma4Engine engine(c, o.batch, o.seq);
-  // One process trains every tensor: the whole model in fp32, with a gradient for each.
+  // One process trains every tensor: the whole model in fp32, with a gradient for each. Refused up
+  // front when that cannot fit, instead of being killed halfway through.
+  const double need = 8.0 * static_cast<double>(m.registry.layout.total()) +
+                      EstimateActivationBytes(c, o.batch, o.seq);
+  if (const size_t avail = launch::AvailableMemoryBytes();
+      avail > 0 && need > static_cast<double>(avail))
+    return ResourceExhausted(StrCat(
+        "step trains every tensor of ", o.model_id, " in one process, which needs ",
+        static_cast<int64_t>(need / (1 << 30)),
+        " GiB of fp32 weights, gradients and activations; this host has ",
+        launch::DescribeAvailableMemory(),
+        "; use a smaller model, or finetune, which shards the state over workers and freezes "
+        "tensors (--freeze)"));
   const AlignedBuffer params = MaterializeParams(m);
   std::vector<float> grads(params.size(), 0.0f);
   std::vector<int32_t> ids(o.batch * o.seq);
