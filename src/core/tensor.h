@@ -82,4 +82,10 @@ class ArenaLayout {
   int64_t total_ = 0;
 };
 
+// n rounded up to a whole number of cache lines of floats (ArenaLayout::kArenaAlign), as every
+// tensor of an arena, an FSDP unit or a frozen slot starts on one.
+inline int64_t AlignElements(int64_t n) {
+  return (n + ArenaLayout::kArenaAlign - 1) / ArenaLayout::kArenaAlign * ArenaLayout::kArenaAlign;
+}
+
 }  // namespace st

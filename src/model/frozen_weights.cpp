@@ -5,20 +5,6 @@
 
 namespace st {
 
-namespace {
-constexpr int64_t kAlign = 16;  // floats: every tensor starts on a cache line
-int64_t AlignUp(int64_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
-}
-
-// The decoder layer an entry belongs to ("layers.<l>."), or -1.
-int64_t LayerOf(const std::string& name) {
-  if (name.rfind("layers.", 0) != 0) return -1;
-  const size_t dot = name.find('.', 7);
-  return dot == std::string::npos ? -1 : std::stoll(name.substr(7, dot - 7));
-}
-}  // namespace
-
 bool IsLookupOnly(const ParamRegistry& reg, int entry) {
   return entry >= 0 && (entry == reg.embed_tokens_per_layer || entry == reg.embed_tokens);
 }
@@ -41,15 +27,15 @@ FrozenWeights::FrozenWeights(const ParamRegistry& reg, const WeightSource& sourc
       lookup_elements_ += e.numel;
       continue;
     }
-    const int64_t l = LayerOf(e.name);
+    const int64_t l = LayerOfName(e.name);
     if (l < 0) {
       root_entries_.push_back(i);
       offset_[i] = root_total;
-      root_total += AlignUp(e.numel);
+      root_total += AlignElements(e.numel);
     } else {
       layer_entries_[l].push_back(i);
       offset_[i] = layer_total[l];
-      layer_total[l] += AlignUp(e.numel);
+      layer_total[l] += AlignElements(e.numel);
     }
   }
   for (int64_t t : layer_total) slot_size_ = std::max(slot_size_, t);

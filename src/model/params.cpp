@@ -58,6 +58,12 @@ ParamRegistry BuildParamRegistry(const Gemma4Config& cfg) {
   return r;
 }
 
+int64_t LayerOfName(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  const size_t dot = name.find('.', 7);
+  return dot == std::string::npos ? -1 : std::stoll(name.substr(7, dot - 7));
+}
+
 int64_t ParamRegistry::MatmulParams() const {
   int64_t n = 0;
   for (int i = 0; i < layout.size(); ++i) {

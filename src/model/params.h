@@ -37,6 +37,9 @@ struct ParamRegistry {
 
 ParamRegistry BuildParamRegistry(const Gemma4Config& cfg);
 
+// The decoder layer of a registry name ("layers.<l>.…"), or -1 for the tensors outside the layers.
+int64_t LayerOfName(const std::string& name);
+
 // transformers' initialisation: Linear and Embedding weights ~ N(0, initializer_range) (padding
 // row zeroed), RMSNorm weights and layer_scalar = 1. Deterministic in `seed`.
 void InitParams(const Gemma4Config& cfg, const ParamRegistry& reg, float* params, uint64_t seed);

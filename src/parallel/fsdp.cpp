@@ -8,13 +8,6 @@
 namespace st {
 
 namespace {
-constexpr int64_t kAlign = 16;  // floats: every tensor of a gathered unit starts on a cache line
-int64_t AlignUp(int64_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
-}
-}  // namespace
-
-namespace {
 std::vector<bool> Not(const std::vector<bool>& v) {
   std::vector<bool> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = !v[i];
@@ -59,7 +52,7 @@ FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::Pr
     index_in_unit_[i] = static_cast<int>(u.entries.size());
     u.entries.push_back(i);
     u.flat_offset.push_back(u.total);
-    u.total += AlignUp(reg.layout.entry(i).numel);
+    u.total += AlignElements(reg.layout.entry(i).numel);
   }
   int64_t max_slot = 0;
   for (size_t k = 0; k < units_.size(); ++k) {

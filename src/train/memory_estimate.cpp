@@ -8,17 +8,6 @@
 
 namespace st {
 
-namespace {
-double AlignUp(double n) {
-  return static_cast<double>((static_cast<int64_t>(n) + 15) / 16 * 16);
-}
-// The decoder layer of an entry ("layers.<l>."), or -1.
-int64_t LayerOf(const std::string& name) {
-  if (name.rfind("layers.", 0) != 0) return -1;
-  return std::stoll(name.substr(7, name.find('.', 7) - 7));
-}
-}  // namespace
-
 double WorkerMemoryEstimate::total() const {
   double sum = 0;
   for (const auto& [what, bytes] : terms) sum += bytes;
@@ -39,17 +28,17 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   for (int i = 0; i < registry.layout.size(); ++i) {
     const ArenaEntry& e = registry.layout.entry(i);
     const double n = static_cast<double>(e.numel);
-    const int64_t layer = LayerOf(e.name);
+    const int64_t layer = LayerOfName(e.name);
     if (trainable[i]) {
       const bool own_unit = layer >= 0 && (layer_units || is_mlp[i]);
-      unit[own_unit ? layer + 1 : 0] += AlignUp(n);
+      unit[own_unit ? layer + 1 : 0] += static_cast<double>(AlignElements(e.numel));
       largest_trained = std::max(largest_trained, n);
     } else if (IsLookupOnly(registry, i)) {
       lookup += n;
     } else if (layer >= 0) {
-      frozen_layer[layer] += AlignUp(n);
+      frozen_layer[layer] += static_cast<double>(AlignElements(e.numel));
     } else {
-      frozen_root += AlignUp(n);
+      frozen_root += static_cast<double>(AlignElements(e.numel));
     }
   }
   double shards = 0, largest_unit = 0;
