@@ -226,10 +226,9 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, a.o.batch_size_per_device, a.o.max_seq_len));
       const ParamRegistry registry = BuildParamRegistry(*cfg);
       ST_ASSIGN_OR_RETURN(const Trainable trainable, TrainableTensors(registry, a.o.freeze));
-      const WorkerMemoryEstimate estimate =
-          EstimateWorkerMemory(*cfg, registry, trainable.mask, topo.world_size(),
-                               a.o.batch_size_per_device, a.o.max_seq_len,
-                               a.o.fsdp_units == "layer");
+      const WorkerMemoryEstimate estimate = EstimateWorkerMemory(
+          *cfg, registry, trainable.mask, topo.world_size(), a.o.batch_size_per_device,
+          a.o.max_seq_len, a.o.fsdp_units == "layer");
       const int local = env.is_worker() ? env.local_world_size : topo.world_size();
       ST_RETURN_IF_ERROR(
           CheckHostMemory(estimate, local, launch::AvailableMemoryBytes(), a.o.model_id));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/ref/ops_ref.h"
@@ -356,51 +357,47 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
 
 // The tied head when embed_tokens is frozen and served from the checkpoint: the vocabulary in
 // blocks of kFrozenHeadBlock rows, each converted into one scratch block (allocated at first use,
-// then reused), so the fp32 table is never whole.
-constexpr int64_t kHeadBlock = kFrozenHeadBlock;
-
-void Gemma4Engine::EnsureHeadScratch(int64_t N) {
-  const int64_t d = cfg_.hidden_size;
-  if (head_w_.size() < kHeadBlock * d)
-    head_w_ = AlignedBuffer(kHeadBlock * d, "a block of the frozen LM head (fp32)");
-  if (head_y_.size() < max_B_ * max_T_ * kHeadBlock)
-    head_y_ = AlignedBuffer(max_B_ * max_T_ * kHeadBlock, "the logits of one vocabulary block");
-  (void)N;
+// then reused), so the fp32 table is never whole. fn(v0, c) runs with rows [v0, v0 + c) in
+// head_w_; the table's file pages are released at the end.
+void Gemma4Engine::ForEachFrozenHeadBlock(const ParamTable& t,
+                                          const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size, B = kFrozenHeadBlock;
+  if (head_w_.size() < B * d)
+    head_w_ = AlignedBuffer(B * d, "a block of the frozen LM head (fp32)");
+  if (head_y_.size() < max_B_ * max_T_ * B)
+    head_y_ = AlignedBuffer(max_B_ * max_T_ * B, "the logits of one vocabulary block");
+  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
+  for (int64_t v0 = 0; v0 < V; v0 += B) {
+    const int64_t c = std::min(B, V - v0);
+    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+    fn(v0, c);
+  }
+  rows->Release(reg_.embed_tokens);
 }
 
 void Gemma4Engine::FrozenHeadForward(const ParamTable& t, const float* hN, float* logits,
                                      int64_t N) {
   const Ops& ops = OpsFor(backend_);
   const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
-  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
-  EnsureHeadScratch(N);
-  for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
-    const int64_t c = std::min(kHeadBlock, V - v0);
-    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+  ForEachFrozenHeadBlock(t, [&](int64_t v0, int64_t c) {
     ops.LinearForward(hN, head_w_.data(), head_y_.data(), N, d, c, 1.0f, false);
 #pragma omp parallel for schedule(static) if (N * c > (1 << 16))
     for (int64_t n = 0; n < N; ++n)
       std::memcpy(logits + n * V + v0, head_y_.data() + n * c, static_cast<size_t>(c) * 4);
-  }
-  rows->Release(reg_.embed_tokens);
+  });
 }
 
 void Gemma4Engine::FrozenHeadBackward(const ParamTable& t, const float* dlogits, float* dhN,
                                       int64_t N) {
   const Ops& ops = OpsFor(backend_);
   const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
-  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
-  EnsureHeadScratch(N);
-  for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
-    const int64_t c = std::min(kHeadBlock, V - v0);
-    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+  ForEachFrozenHeadBlock(t, [&](int64_t v0, int64_t c) {
 #pragma omp parallel for schedule(static) if (N * c > (1 << 16))
     for (int64_t n = 0; n < N; ++n)
       std::memcpy(head_y_.data() + n * c, dlogits + n * V + v0, static_cast<size_t>(c) * 4);
     ops.LinearBackward(Act(a_hN_), head_w_.data(), head_y_.data(), dhN, nullptr, N, d, c, 1.0f,
                        v0 > 0);
-  }
-  rows->Release(reg_.embed_tokens);
+  });
 }
 
 void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scale,

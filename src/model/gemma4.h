@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -122,7 +123,7 @@ class Gemma4Engine {
   void LayerBackward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                      ParamHooks* hooks);
   // The tied LM head over a frozen embed_tokens that the table serves as rows (no fp32 table).
-  void EnsureHeadScratch(int64_t N);
+  void ForEachFrozenHeadBlock(const ParamTable& t, const std::function<void(int64_t, int64_t)>& fn);
   void FrozenHeadForward(const ParamTable& t, const float* hN, float* logits, int64_t N);
   void FrozenHeadBackward(const ParamTable& t, const float* dlogits, float* dhN, int64_t N);
   // The table of the arena convenience calls, rebuilt only when the arenas change.
