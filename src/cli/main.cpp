@@ -1,4 +1,6 @@
 // slicetrain: distributed fine-tuning of Gemma 4 models on multi-host slices, in C++.
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -104,6 +106,11 @@ int ReportError(const std::string& command, const Status& status) {
 }  // namespace st::cli
 
 int main(int argc, char** argv) {
+  // Buffers of 128 KiB and more get pages of their own and give them back when freed. glibc would
+  // otherwise raise that threshold after the first large free and serve later ones from the heap,
+  // which it keeps: a checkpoint's per-tensor buffers then made a worker's RSS creep epoch after
+  // epoch (Memory.WorkerMemoryIsFlatAcrossEpochs).
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   CLI::App app{"slicetrain: fine-tune Gemma 4 models over a slice of devices (CPU workers here)",
                "slicetrain"};
   app.require_subcommand(1);
