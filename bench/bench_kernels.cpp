@@ -3,11 +3,13 @@
 // Threads: set OMP_NUM_THREADS (1 or 2); the sgemm peak at that count is reported first.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "bench_util.h"
 #include "core/rng.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "kernels/ref/attention_probs.h"
 
 namespace st {
 namespace {
@@ -59,35 +61,64 @@ BENCHMARK(BM_Linear)
     ->Args({kD, 8192, 1})  // LM head
     ->Unit(benchmark::kMillisecond);
 
-// Attention forward/backward: B=4, T=512, H=8, Hkv=2, D=64, full causal or window 128.
-void BM_Attention(benchmark::State& s) {
-  const int64_t B = 4, T = 512, H = 8, Hkv = 2, D = 64, window = s.range(0);
-  const bool backward = s.range(1);
+// Attention at H=8, D=64: T=512 with B=4, T=2048 with B=1; full causal or window 128; Hkv=2, and
+// Hkv=1 (GQA 8:1, B*Hkv below the thread count: the two-pass backward) at T=2048.
+// mode 0 forward, 1 backward, 2 forward + backward. items/s = tokens (B*T) per wall-clock second;
+// FLOP/s counts the visible query-key pairs only. BM_Attention is the tiled kernel (out + lse),
+// BM_AttentionProbs the previous one that keeps the probabilities [B,H,T,T] (ref::AttentionProbs*).
+template <bool kProbs>
+void BM_AttentionImpl(benchmark::State& s) {
+  const int64_t T = s.range(0), window = s.range(1), mode = s.range(2), Hkv = s.range(3);
+  const int64_t B = T >= 2048 ? 1 : 4, H = 8, D = 64;
   auto q = Rand(B * T * H * D, 6), k = Rand(B * T * Hkv * D, 7), v = Rand(B * T * Hkv * D, 8);
   auto go = Rand(B * T * H * D, 9);
-  std::vector<float> o(B * T * H * D), p(B * H * T * T), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<float> o(B * T * H * D), saved(kProbs ? B * H * T * T : B * H * T), dq(q.size()),
+      dk(k.size()), dv(v.size());
   AttnMask mask{nullptr, window};
-  cpu::AttentionForward(q.data(), k.data(), v.data(), o.data(), p.data(), B, T, H, Hkv, D, mask);
+  if (!kProbs) cpu::ReserveAttentionScratch(B, T, H, Hkv, D);
+  auto forward = [&] {
+    if (kProbs)
+      ref::AttentionProbsForward(q.data(), k.data(), v.data(), o.data(), saved.data(), B, T, H, Hkv,
+                                 D, mask);
+    else
+      cpu::AttentionForward(q.data(), k.data(), v.data(), o.data(), saved.data(), B, T, H, Hkv, D,
+                            mask);
+  };
+  auto backward = [&] {
+    if (kProbs)
+      ref::AttentionProbsBackward(q.data(), k.data(), v.data(), saved.data(), go.data(), dq.data(),
+                                  dk.data(), dv.data(), B, T, H, Hkv, D, mask);
+    else
+      cpu::AttentionBackward(q.data(), k.data(), v.data(), o.data(), saved.data(), go.data(),
+                             dq.data(), dk.data(), dv.data(), B, T, H, Hkv, D, mask);
+  };
+  forward();
   double pairs = 0;
   for (int64_t i = 0; i < T; ++i) pairs += window ? std::min(i + 1, window) : i + 1;
   for (auto _ : s) {
-    if (backward)
-      cpu::AttentionBackward(q.data(), k.data(), v.data(), p.data(), go.data(), dq.data(),
-                             dk.data(), dv.data(), B, T, H, Hkv, D, mask);
-    else
-      cpu::AttentionForward(q.data(), k.data(), v.data(), o.data(), p.data(), B, T, H, Hkv, D,
-                            mask);
+    if (mode != 1) forward();
+    if (mode != 0) backward();
   }
-  s.counters["FLOP/s"] = benchmark::Counter((backward ? 8.0 : 4.0) * B * H * D * pairs,
-                                            benchmark::Counter::kIsIterationInvariantRate);
+  const double flops = (mode == 0 ? 4.0 : mode == 1 ? 8.0 : 12.0) * B * H * D * pairs;
+  s.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  s.SetItemsProcessed(s.iterations() * B * T);
 }
-BENCHMARK(BM_Attention)
-    ->ArgNames({"window", "bwd"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({128, 0})
-    ->Args({128, 1})
-    ->Unit(benchmark::kMillisecond);
+void BM_Attention(benchmark::State& s) {
+  BM_AttentionImpl<false>(s);
+}
+void BM_AttentionProbs(benchmark::State& s) {
+  BM_AttentionImpl<true>(s);
+}
+void AttentionArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"T", "window", "mode", "Hkv"});
+  for (int64_t T : {512, 2048})
+    for (int64_t window : {0, 128})
+      for (int64_t mode : {0, 1, 2}) b->Args({T, window, mode, 2});
+  for (int64_t mode : {1, 2}) b->Args({2048, 0, mode, 1});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_Attention)->Apply(AttentionArgs);
+BENCHMARK(BM_AttentionProbs)->Apply(AttentionArgs);
 
 void BM_RmsNorm(benchmark::State& s) {
   const bool backward = s.range(0);

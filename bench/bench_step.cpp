@@ -1,9 +1,10 @@
-// The whole-model training step (forward + backward, no optimizer) for the CPU presets on 1 and 2
-// threads: step time, tokens/s, model FLOP/s (6 x matmul params x tokens + attention over the
-// visible query-key pairs, see TrainingFlops) and that figure as a share of the sgemm peak
-// measured in the same run at the same thread count.
+// The whole-model training step (forward + backward, no optimizer) for the CPU presets (or model
+// directories) on 1 and 2 threads, for each activation checkpointing mode asked for: step time,
+// tokens/s, model FLOP/s (6 x matmul params x tokens + attention over the visible query-key pairs,
+// see TrainingFlops; a recompute is not counted as model FLOPs) and that figure as a share of the
+// sgemm peak measured in the same run at the same thread count, and the engine's bytes.
 //   bench_step [--presets gemma4-tiny,gemma4-small] [--threads 1,2] [--batch 4] [--seq 512]
-//              [--steps 3]
+//              [--steps 3] [--checkpointing none,mlp,layer]
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -31,15 +32,19 @@ int main(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
   int64_t batch = 4, seq = 512;
   int steps = 3;
+  std::vector<std::string> checkpointing = {"none"};
   app.add_option("--presets", presets)->delimiter(',')->capture_default_str();
   app.add_option("--threads", threads)->delimiter(',')->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--seq", seq)->capture_default_str();
   app.add_option("--steps", steps, "timed steps after one warm-up step")->capture_default_str();
+  app.add_option("--checkpointing", checkpointing, "activation checkpointing modes")
+      ->delimiter(',')
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("%-13s %7s %8s %9s %9s %10s %8s %9s %9s %8s\n", "preset", "threads", "batch",
-              "step_s", "fwd_s", "tokens/s", "GFLOP/s", "sgemm", "%peak", "act_MiB");
+  std::printf("%-13s %6s %7s %8s %9s %9s %10s %8s %9s %9s %8s\n", "preset", "ckpt", "threads",
+              "batch", "step_s", "fwd_s", "tokens/s", "GFLOP/s", "sgemm", "%peak", "act_MiB");
   for (const auto& preset : presets) {
     auto loaded = st::LoadModel(preset, 42);
     if (!loaded.ok()) {
@@ -47,7 +52,6 @@ int main(int argc, char** argv) {
       return 1;
     }
     st::LoadedModel& m = loaded.value();
-    st::Gemma4Engine engine(m.config, batch, seq);
     const st::AlignedBuffer params = st::MaterializeParams(m);
     std::vector<float> grads(params.size(), 0.0f);
     std::vector<int32_t> ids(batch * seq);
@@ -55,28 +59,39 @@ int main(int argc, char** argv) {
     for (auto& id : ids) id = 1 + static_cast<int32_t>(rng.Below(m.config.vocab_size - 1));
     const st::Batch b{ids.data(), nullptr, ids.data(), batch, seq};
     const double flops = st::TrainingFlops(m.config, m.registry, batch, seq);
-    for (int t : threads) {
-      st::cpu::SetNumThreads(t);
-      const double peak = st::bench::MeasureSgemmGflops();
-      std::vector<double> step_s, fwd_s;
-      for (int s = 0; s <= steps; ++s) {
-        const auto t0 = std::chrono::steady_clock::now();
-        st::ForwardResult r = engine.Forward(params.data(), b);
-        const double f = Seconds(t0);
-        engine.Backward(params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
-        if (s > 0) {  // step 0 warms caches, pages and thread pools
-          step_s.push_back(Seconds(t0));
-          fwd_s.push_back(f);
-        }
+    for (const std::string& mode : checkpointing) {
+      auto ckpt = st::ParseActivationCheckpointing(mode);
+      if (!ckpt.ok()) {
+        std::fprintf(stderr, "bench_step: %s\n", ckpt.status().ToString().c_str());
+        return 1;
       }
-      std::sort(step_s.begin(), step_s.end());
-      std::sort(fwd_s.begin(), fwd_s.end());
-      const double med = step_s[step_s.size() / 2], fmed = fwd_s[fwd_s.size() / 2];
-      const double gflops = flops / med / 1e9;
-      std::printf("%-13s %7d %4lldx%-4lld %9.3f %9.3f %10.1f %8.1f %9.1f %8.1f%% %8.0f\n",
-                  preset.c_str(), t, (long long)batch, (long long)seq, med, fmed, batch * seq / med,
-                  gflops, peak, 100.0 * gflops / peak, engine.ActivationBytes() / 1048576.0);
-      std::fflush(stdout);
+      st::EngineOptions options;
+      options.checkpointing = *ckpt;
+      st::Gemma4Engine engine(m.config, batch, seq, options);
+      for (int t : threads) {
+        st::cpu::SetNumThreads(t);
+        const double peak = st::bench::MeasureSgemmGflops();
+        std::vector<double> step_s, fwd_s;
+        for (int s = 0; s <= steps; ++s) {
+          const auto t0 = std::chrono::steady_clock::now();
+          st::ForwardResult r = engine.Forward(params.data(), b);
+          const double f = Seconds(t0);
+          engine.Backward(params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
+          if (s > 0) {  // step 0 warms caches, pages and thread pools
+            step_s.push_back(Seconds(t0));
+            fwd_s.push_back(f);
+          }
+        }
+        std::sort(step_s.begin(), step_s.end());
+        std::sort(fwd_s.begin(), fwd_s.end());
+        const double med = step_s[step_s.size() / 2], fmed = fwd_s[fwd_s.size() / 2];
+        const double gflops = flops / med / 1e9;
+        std::printf("%-13s %6s %7d %4lldx%-4lld %9.3f %9.3f %10.1f %8.1f %9.1f %8.1f%% %8.0f\n",
+                    preset.c_str(), mode.c_str(), t, (long long)batch, (long long)seq, med, fmed,
+                    batch * seq / med, gflops, peak, 100.0 * gflops / peak,
+                    engine.ActivationBytes() / 1048576.0);
+        std::fflush(stdout);
+      }
     }
   }
   struct rusage ru;

@@ -178,6 +178,93 @@ TEST(Memory, AJobThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
   EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
 }
 
+// `finetune --dry-run`: the plan per worker and per host, nothing started; auto checkpointing
+// keeps everything when that fits and recomputes when it does not; a job that fits with none of
+// them is refused with one line that names the largest term and the flag that shrinks it.
+TEST(Memory, DryRunPrintsThePlanAndRefusesAnImpossibleJob) {
+  const std::string small = kBin + " finetune --dry-run --model-id gemma4-small ";
+  const Ran fits = RunCommand(small + "--topology 2 --batch-size-per-device 4 --max-seq-len 512");
+  EXPECT_EQ(fits.code, 0) << fits.out;
+  for (const char* part :
+       {"memory plan per worker of 2", "parameters (fp32 shard)", "gradients (fp32 shard)",
+        "optimizer state (2 moments)", "gathered units", "activations", "workspace", "total",
+        "per host: 2 worker(s)", "frozen maps", "fits", "--activation-checkpointing none"})
+    EXPECT_NE(fits.out.find(part), std::string::npos) << part << "\n" << fits.out;
+  EXPECT_EQ(fits.out.find("Starting slicetrain"), std::string::npos) << fits.out;
+
+  // 64k tokens: keeping every activation needs more than this machine has; auto recomputes.
+  const Ran long_seq =
+      RunCommand(small + "--topology 1 --batch-size-per-device 1 --max-seq-len 65536");
+  EXPECT_EQ(long_seq.code, 0) << long_seq.out;
+  EXPECT_EQ(long_seq.out.find("--activation-checkpointing none"), std::string::npos)
+      << long_seq.out;
+  const Ran forced = RunCommand(small +
+                                "--topology 1 --batch-size-per-device 1 --max-seq-len 65536 "
+                                "--activation-checkpointing none");
+  EXPECT_NE(forced.code, 0) << forced.out;
+  ASSERT_EQ(ErrorLines(forced.out).size(), 1u) << forced.out;
+  EXPECT_NE(forced.out.find("--activation-checkpointing layer"), std::string::npos) << forced.out;
+  // Even recomputing every layer, 4 x 128k tokens do not fit: the sequence or batch must shrink.
+  const Ran impossible = RunCommand(small +
+                                    "--topology 1 --batch-size-per-device 4 --max-seq-len 131072 "
+                                    "--activation-checkpointing layer");
+  EXPECT_NE(impossible.code, 0) << impossible.out;
+  ASSERT_EQ(ErrorLines(impossible.out).size(), 1u) << impossible.out;
+  for (const char* part : {"activations", "--max-seq-len"})
+    EXPECT_NE(impossible.out.find(part), std::string::npos) << part << "\n" << impossible.out;
+  const Ran bad = RunCommand(small + "--activation-checkpointing everything");
+  EXPECT_NE(bad.code, 0) << bad.out;
+  EXPECT_NE(bad.out.find("none, mlp or layer"), std::string::npos) << bad.out;
+}
+
+// The peak RSS of the finetune's end-of-run memory line, in MiB (-1 if absent).
+double MemoryLineRss(const std::string& out) {
+  const size_t at = out.find("peak RSS ");
+  return at == std::string::npos ? -1 : std::stod(out.substr(at + 9));
+}
+
+// The per-worker total of --dry-run's plan, in MiB (-1 if absent).
+double PlanTotalMiB(const std::string& out) {
+  const size_t at = out.find("  total ");
+  return at == std::string::npos ? -1 : std::stod(out.substr(at + 8));
+}
+
+// The plan predicts what a worker really holds: a one-step finetune's peak RSS (max over ranks)
+// is within 10 % of the dry run's per-worker total, at 1, 2 and 4 workers, 512 and 4096 tokens,
+// with and without checkpointing.
+TEST(Memory, ThePlanPredictsWorkerPeakRss) {
+#ifdef ST_SANITIZED
+  GTEST_SKIP() << "ASan's shadow memory and quarantine make RSS meaningless here";
+#endif
+  const std::string tmp = test::TempDir("plan_rss");
+  struct Case {
+    int workers;
+    int64_t batch, seq;
+    const char* checkpointing;
+  };
+  for (const Case& c : {Case{1, 2, 512, "none"}, Case{2, 2, 512, "none"}, Case{4, 1, 512, "none"},
+                        Case{1, 1, 4096, "none"}, Case{2, 1, 4096, "layer"}}) {
+    const std::string flags =
+        StrCat(" --model-id gemma4-small --topology ", c.workers, " --batch-size-per-device ",
+               c.batch, " --max-seq-len ", c.seq, " --activation-checkpointing ", c.checkpointing);
+    const std::string what =
+        StrCat(c.workers, " worker(s), ", c.batch, " x ", c.seq, " ", c.checkpointing);
+    const Ran plan = RunCommand(kBin + " finetune --dry-run" + flags);
+    ASSERT_EQ(plan.code, 0) << plan.out;
+    const Ran run = RunCommand(
+        "timeout 600 " + kBin + " finetune --no-dashboard --progress off --num-epochs 1" + flags +
+        StrCat(" --dataset-split 'train[:", c.workers * c.batch, "]' --storage-path ", tmp,
+               " --run-name r", c.workers, "_", c.seq, "_", c.checkpointing));
+    ASSERT_EQ(run.code, 0) << run.out;
+    const double predicted = PlanTotalMiB(plan.out), measured = MemoryLineRss(run.out);
+    EXPECT_GT(measured, 0.9 * predicted) << what << "\n" << plan.out << run.out;
+    EXPECT_LT(measured, 1.1 * predicted) << what << "\n" << plan.out << run.out;
+    std::printf("%s: plan %.0f MiB per worker, peak RSS %.0f MiB (%+.1f %%)\n", what.c_str(),
+                predicted, measured, 100.0 * (measured / predicted - 1));
+  }
+  fs::remove_all(tmp);
+}
+
 // `step` trains the whole model in one process: gemma4-e2b (37 GB of fp32 weights and gradients)
 // is refused before anything is allocated, pointing at finetune.
 TEST(Memory, StepRefusesAModelThatCannotFitInOneProcess) {
@@ -280,11 +367,6 @@ std::string WriteE2bWidthCheckpoint(const std::string& dir, Gemma4Config* out) {
   return "";
 }
 
-double MemoryLineRss(const std::string& out) {
-  const size_t at = out.find("peak RSS ");
-  return at == std::string::npos ? -1 : std::stod(out.substr(at + 9));
-}
-
 // The sharded load at real widths: `evaluate` holds two layers and one vocabulary block in fp32,
 // not the model (3.2 GB in fp32); two finetune workers that train the last layer each hold their
 // half of its state, the frozen rest served from the shared mapped file; the checkpoint they
@@ -308,8 +390,11 @@ TEST(Load, E2bWidthCheckpointEvaluatesAndFinetunesInAFractionOfItsFp32Size) {
   const auto j = nlohmann::json::parse(eval.out.substr(eval.out.find('{')), nullptr, false);
   ASSERT_TRUE(j.is_object()) << eval.out;
   const double eval_rss = j.value("peak_rss_mib", 0.0);
+  WorkerShape eval_shape;
+  eval_shape.batch = 2;
+  eval_shape.seq = 32;
   const auto all_frozen = EstimateWorkerMemory(
-      cfg, reg, std::vector<bool>(static_cast<size_t>(reg.layout.size()), false), 1, 2, 32);
+      cfg, reg, std::vector<bool>(static_cast<size_t>(reg.layout.size()), false), eval_shape);
   EXPECT_LT(eval_rss, all_frozen.total() / 1048576.0 + 400) << eval.out;
   EXPECT_LT(eval_rss, 0.3 * fp32_mib) << eval.out;
 
@@ -323,7 +408,10 @@ TEST(Load, E2bWidthCheckpointEvaluatesAndFinetunesInAFractionOfItsFp32Size) {
   ASSERT_EQ(ft.code, 0) << ft.out;
   auto trainable = TrainableTensors(reg, freeze);
   ASSERT_TRUE(trainable.ok());
-  const auto estimate = EstimateWorkerMemory(cfg, reg, trainable->mask, 2, 1, 32);
+  WorkerShape shape;
+  shape.world = 2;
+  shape.seq = 32;
+  const auto estimate = EstimateWorkerMemory(cfg, reg, trainable->mask, shape);
   const double rss = MemoryLineRss(ft.out);
   EXPECT_GT(rss, 0) << ft.out;
   EXPECT_LT(rss, estimate.total() / 1048576.0 + 400) << ft.out;

@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <sstream>
+#include <string>
 
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/gelu.h"
+#include "kernels/ref/attention_probs.h"
 #include "kernels/ref/ops_ref.h"
 #include "test_util.h"
 
@@ -130,45 +134,118 @@ TEST(RopeParity, ForwardInverseAndParity) {
 
 struct AttnCase {
   int64_t B, T, H, Hkv, D, window;
-  int pad_kind;  // 0 none, 1 right padding, 2 left padding (rows with no visible key), 3 mixed
+  // 0 none, 1 right padding, 2 left padding (rows with no visible key), 3 mixed (per batch row
+  // b % 3: none, right, left), 4 long left padding (T/2 + b: whole query blocks without a visible
+  // key), 5 batch row 1 all padding (the others left-padded), 6 long right padding (T/3 + b).
+  int pad_kind;
+  int threads = 0;  // OpenMP threads for the fast kernel; 0: the default
 };
 
 std::vector<uint8_t> MakePad(const AttnCase& c) {
   std::vector<uint8_t> pad(c.B * c.T, 1);
   for (int64_t b = 0; b < c.B; ++b) {
     const int kind = c.pad_kind == 3 ? static_cast<int>(b % 3) : c.pad_kind;
-    const int64_t n = std::min<int64_t>(c.T - 1, 3 + b);
+    const int64_t run = kind == 4 ? c.T / 2 + b : kind == 6 ? c.T / 3 + b : 3 + b;
+    const int64_t n = kind == 5 && b == 1 ? c.T : std::min<int64_t>(c.T - 1, run);
     for (int64_t j = 0; j < n; ++j) {
-      if (kind == 1) pad[b * c.T + c.T - 1 - j] = 0;
-      if (kind == 2) pad[b * c.T + j] = 0;
+      if (kind == 1 || kind == 6) pad[b * c.T + c.T - 1 - j] = 0;
+      if (kind == 2 || kind == 4 || kind == 5) pad[b * c.T + j] = 0;
     }
   }
   return pad;
 }
 
+std::string Describe(const AttnCase& c) {
+  std::ostringstream s;
+  s << "B" << c.B << " T" << c.T << " H" << c.H << " Hkv" << c.Hkv << " D" << c.D << " W"
+    << c.window << " pad" << c.pad_kind << " threads" << c.threads;
+  return s.str();
+}
+
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << Describe(c);
+}
+
+// Sets the OpenMP/BLAS thread count for a scope and restores the previous one.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : saved_(cpu::NumThreads()) {
+    if (n > 0) cpu::SetNumThreads(n);
+  }
+  ~ScopedThreads() { cpu::SetNumThreads(saved_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Random attention inputs of one case.
+struct AttnInputs {
+  explicit AttnInputs(const AttnCase& c)
+      : nq(c.B * c.T * c.H * c.D),
+        nk(c.B * c.T * c.Hkv * c.D),
+        q(RandomVec(nq, 20)),
+        k(RandomVec(nk, 21)),
+        v(RandomVec(nk, 22)),
+        go(RandomVec(nq, 23)),
+        pad(MakePad(c)),
+        mask{c.pad_kind ? pad.data() : nullptr, c.window} {}
+  int64_t nq, nk;
+  std::vector<float> q, k, v, go;
+  std::vector<uint8_t> pad;
+  AttnMask mask;
+};
+
+// lse within tol of the reference; +inf exactly where the reference has it.
+void ExpectLseNear(const std::vector<float>& lse, const std::vector<float>& ref, double tol) {
+  ASSERT_EQ(lse.size(), ref.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    const bool ok = std::isinf(ref[i]) ? lse[i] == ref[i]
+                                       : std::fabs(double(lse[i]) - ref[i]) <=
+                                             tol * (1.0 + std::fabs(double(ref[i])));
+    if (!ok && bad++ < 5) ADD_FAILURE() << "lse[" << i << "] " << lse[i] << " vs " << ref[i];
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// RelError, or the absolute error where the reference is exactly 0: with T = 1 the one key's
+// dS = P (dP - Di) cancels exactly in the reference and only to rounding in the tiled kernel,
+// whose Di = rowsum(dout * out) is summed in another order.
+double GradError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
 class AttentionParity : public ::testing::TestWithParam<AttnCase> {};
 
+// The tiled kernel against the naive reference.
 TEST_P(AttentionParity, ForwardAndBackward) {
   const AttnCase c = GetParam();
-  const int64_t nq = c.B * c.T * c.H * c.D, nk = c.B * c.T * c.Hkv * c.D;
-  auto q = RandomVec(nq, 20), k = RandomVec(nk, 21), v = RandomVec(nk, 22), go = RandomVec(nq, 23);
-  auto pad = MakePad(c);
-  AttnMask mask{c.pad_kind ? pad.data() : nullptr, c.window};
-  std::vector<float> o0(nq), o1(nq), p0(c.B * c.H * c.T * c.T), p1(p0.size());
-  ref::AttentionForward(q.data(), k.data(), v.data(), o0.data(), p0.data(), c.B, c.T, c.H, c.Hkv,
-                        c.D, mask);
-  cpu::AttentionForward(q.data(), k.data(), v.data(), o1.data(), p1.data(), c.B, c.T, c.H, c.Hkv,
-                        c.D, mask);
+  const AttnInputs in(c);
+  const int64_t nq = in.nq, nk = in.nk;
+  std::vector<float> o0(nq), o1(nq), l0(c.B * c.H * c.T), l1(l0.size());
+  ref::AttentionForward(in.q.data(), in.k.data(), in.v.data(), o0.data(), l0.data(), c.B, c.T, c.H,
+                        c.Hkv, c.D, in.mask);
+  ScopedThreads threads(c.threads);
+  cpu::AttentionForward(in.q.data(), in.k.data(), in.v.data(), o1.data(), l1.data(), c.B, c.T, c.H,
+                        c.Hkv, c.D, in.mask);
   EXPECT_LT(RelError(o1, o0), kParityTol);
+  ExpectLseNear(l1, l0, 1e-5);
   auto dk0 = RandomVec(nk, 24), dk1 = dk0, dv0 = RandomVec(nk, 25), dv1 = dv0;
   std::vector<float> dq0(nq), dq1(nq);
-  ref::AttentionBackward(q.data(), k.data(), v.data(), p0.data(), go.data(), dq0.data(), dk0.data(),
-                         dv0.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
-  cpu::AttentionBackward(q.data(), k.data(), v.data(), p1.data(), go.data(), dq1.data(), dk1.data(),
-                         dv1.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
-  EXPECT_LT(RelError(dq1, dq0), 5e-5);
-  EXPECT_LT(RelError(dk1, dk0), 5e-5);
-  EXPECT_LT(RelError(dv1, dv0), 5e-5);
+  ref::AttentionBackward(in.q.data(), in.k.data(), in.v.data(), o0.data(), l0.data(), in.go.data(),
+                         dq0.data(), dk0.data(), dv0.data(), c.B, c.T, c.H, c.Hkv, c.D, in.mask);
+  cpu::AttentionBackward(in.q.data(), in.k.data(), in.v.data(), o1.data(), l1.data(), in.go.data(),
+                         dq1.data(), dk1.data(), dv1.data(), c.B, c.T, c.H, c.Hkv, c.D, in.mask);
+  EXPECT_LT(GradError(dq1, dq0), 5e-5);
+  EXPECT_LT(GradError(dk1, dk0), 5e-5);
+  EXPECT_LT(GradError(dv1, dv0), 5e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -176,7 +253,143 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(AttnCase{1, 1, 1, 1, 2, 0, 0}, AttnCase{2, 7, 4, 2, 6, 0, 0},
                       AttnCase{2, 70, 4, 1, 8, 0, 1}, AttnCase{3, 70, 2, 2, 4, 5, 2},
                       AttnCase{3, 131, 4, 2, 16, 64, 3}, AttnCase{1, 129, 8, 1, 5, 0, 2},
-                      AttnCase{4, 65, 2, 1, 8, 1, 3}));
+                      AttnCase{4, 65, 2, 1, 8, 1, 3}, AttnCase{2, 200, 2, 1, 8, 0, 4},
+                      AttnCase{3, 150, 2, 1, 4, 20, 5}, AttnCase{1, 140, 2, 2, 8, 3, 6, 3},
+                      // GQA groups that do not divide the 64-row tile, or exceed it
+                      AttnCase{2, 100, 6, 2, 8, 30, 3}, AttnCase{1, 70, 80, 1, 4, 0, 2, 2}));
+
+// The tiled kernel against the previous kernel (probabilities [B,H,T,T], AttentionProbs*): sizes
+// that are not multiples of the 64-row or 128-key blocks, windows longer and much shorter than T,
+// GQA 8:1, every padding kind, rows with no visible key, and both backward schedules (one task
+// per (batch, kv head) when B*Hkv >= threads, the two-pass one otherwise).
+class AttentionVsProbs : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionVsProbs, ForwardBackwardAndLse) {
+  const AttnCase c = GetParam();
+  SCOPED_TRACE(Describe(c));
+  const AttnInputs in(c);
+  const int64_t nq = in.nq, nk = in.nk, T = c.T;
+  std::vector<float> o0(nq), probs(c.B * c.H * T * T), o1(nq), lse(c.B * c.H * T);
+  ref::AttentionProbsForward(in.q.data(), in.k.data(), in.v.data(), o0.data(), probs.data(), c.B, T,
+                             c.H, c.Hkv, c.D, in.mask);
+  auto dk0 = RandomVec(nk, 24), dk1 = dk0, dv0 = RandomVec(nk, 25), dv1 = dv0;
+  std::vector<float> dq0(nq), dq1(nq);
+  ref::AttentionProbsBackward(in.q.data(), in.k.data(), in.v.data(), probs.data(), in.go.data(),
+                              dq0.data(), dk0.data(), dv0.data(), c.B, T, c.H, c.Hkv, c.D, in.mask);
+  {
+    ScopedThreads threads(c.threads);
+    cpu::AttentionForward(in.q.data(), in.k.data(), in.v.data(), o1.data(), lse.data(), c.B, T, c.H,
+                          c.Hkv, c.D, in.mask);
+    cpu::AttentionBackward(in.q.data(), in.k.data(), in.v.data(), o1.data(), lse.data(),
+                           in.go.data(), dq1.data(), dk1.data(), dv1.data(), c.B, T, c.H, c.Hkv,
+                           c.D, in.mask);
+  }
+  EXPECT_LT(RelError(o1, o0), 5e-5);
+  EXPECT_LT(GradError(dq1, dq0), 5e-5);
+  EXPECT_LT(GradError(dk1, dk0), 5e-5);
+  EXPECT_LT(GradError(dv1, dv0), 5e-5);
+
+  // lse against the log-sum-exp of the scores (in double), and exp(s - lse) against the oracle's
+  // probabilities on every visible key; rows with no visible key: +inf and the oracle's 1/T.
+  const int64_t group = c.H / c.Hkv;
+  std::vector<double> s(T);
+  std::vector<float> lse_ref(lse.size());
+  double worst_p = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < T; ++j) {
+          s[j] = 0;
+          for (int64_t d = 0; d < c.D; ++d)
+            s[j] += double(in.q[((b * T + i) * c.H + h) * c.D + d]) *
+                    in.k[((b * T + j) * c.Hkv + h / group) * c.D + d];
+          if (in.mask.Visible(b, T, i, j)) mx = std::max(mx, s[j]);
+        }
+        const float* p = probs.data() + ((b * c.H + h) * T + i) * T;
+        const float l = lse[(b * c.H + h) * T + i];
+        if (mx == -INFINITY) {
+          lse_ref[(b * c.H + h) * T + i] = INFINITY;
+          for (int64_t j = 0; j < T; ++j) worst_p = std::max(worst_p, std::fabs(p[j] - 1.0 / T));
+          continue;
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < T; ++j)
+          if (in.mask.Visible(b, T, i, j)) sum += std::exp(s[j] - mx);
+        lse_ref[(b * c.H + h) * T + i] = static_cast<float>(mx + std::log(sum));
+        for (int64_t j = 0; j < T; ++j)
+          if (in.mask.Visible(b, T, i, j))
+            worst_p = std::max(worst_p, std::fabs(std::exp(s[j] - l) - p[j]));
+      }
+  ExpectLseNear(lse, lse_ref, 5e-6);
+  EXPECT_LT(worst_p, 1e-5) << "exp(s - lse) differs from the oracle's probabilities";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionVsProbs,
+    ::testing::Values(
+        // T not a multiple of the query (64) or key (128) block; full causal, one task per
+        // (batch, kv head) and two-pass
+        AttnCase{2, 200, 4, 2, 16, 0, 0, 2}, AttnCase{1, 333, 2, 1, 8, 0, 0, 2},
+        AttnCase{1, 333, 4, 2, 8, 0, 3, 3},
+        // GQA 8:1
+        AttnCase{2, 333, 8, 1, 8, 0, 1, 2}, AttnCase{1, 200, 8, 1, 16, 64, 2, 2},
+        // window longer than T, window much shorter than T (whole key blocks skipped)
+        AttnCase{2, 50, 2, 1, 8, 128, 1, 2}, AttnCase{1, 700, 2, 1, 16, 64, 0, 2},
+        AttnCase{2, 700, 2, 2, 8, 64, 3, 4}, AttnCase{3, 257, 2, 1, 8, 7, 6, 2},
+        // rows with no visible key: left padding under a window, long left padding (whole
+        // query blocks), a batch row entirely padding, right padding longer than the window
+        AttnCase{2, 333, 2, 1, 8, 2, 2, 2}, AttnCase{2, 333, 4, 1, 8, 64, 4, 2},
+        AttnCase{2, 333, 4, 1, 8, 64, 4, 1}, AttnCase{3, 200, 2, 1, 8, 0, 5, 2},
+        AttnCase{3, 200, 2, 1, 8, 40, 5, 4}, AttnCase{2, 333, 2, 1, 8, 16, 6, 2},
+        // B * Hkv >= threads
+        AttnCase{4, 200, 4, 2, 16, 0, 3, 2}, AttnCase{4, 130, 4, 2, 16, 32, 4, 1},
+        AttnCase{1, 129, 1, 1, 4, 0, 0, 1}),
+    [](const ::testing::TestParamInfo<AttnCase>& info) {
+      return "case" + std::to_string(info.index);
+    });
+
+// Two calls with the same inputs and thread count give the same bytes, in both backward schedules.
+TEST(AttentionDeterminism, RepeatedCallsAreBitIdentical) {
+  for (const AttnCase& c :
+       {AttnCase{4, 333, 4, 2, 16, 64, 3, 2}, AttnCase{1, 700, 4, 1, 16, 0, 4, 2},
+        AttnCase{1, 300, 4, 2, 8, 0, 0, 4}}) {
+    SCOPED_TRACE(Describe(c));
+    const AttnInputs in(c);
+    ScopedThreads threads(c.threads);
+    std::vector<float> out[2], lse[2], dq[2], dk[2], dv[2];
+    for (int run = 0; run < 2; ++run) {
+      out[run].assign(in.nq, 0.f);
+      lse[run].assign(c.B * c.H * c.T, 0.f);
+      dq[run].assign(in.nq, 0.f);
+      dk[run] = RandomVec(in.nk, 26);
+      dv[run] = RandomVec(in.nk, 27);
+      cpu::AttentionForward(in.q.data(), in.k.data(), in.v.data(), out[run].data(), lse[run].data(),
+                            c.B, c.T, c.H, c.Hkv, c.D, in.mask);
+      cpu::AttentionBackward(in.q.data(), in.k.data(), in.v.data(), out[run].data(),
+                             lse[run].data(), in.go.data(), dq[run].data(), dk[run].data(),
+                             dv[run].data(), c.B, c.T, c.H, c.Hkv, c.D, in.mask);
+    }
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same(out[0], out[1]));
+    EXPECT_TRUE(same(lse[0], lse[1]));
+    EXPECT_TRUE(same(dq[0], dq[1]));
+    EXPECT_TRUE(same(dk[0], dk[1]));
+    EXPECT_TRUE(same(dv[0], dv[1]));
+  }
+}
+
+// The workspace estimate grows linearly in T (no [T, T] buffer) and covers what the kernels use.
+TEST(AttentionWorkspace, LinearInT) {
+  const double a = cpu::AttentionWorkspaceBytes(1, 4096, 8, 2, 256, 4);
+  const double b = cpu::AttentionWorkspaceBytes(1, 8192, 8, 2, 256, 4);
+  const double c = cpu::AttentionWorkspaceBytes(1, 16384, 8, 2, 256, 4);
+  EXPECT_GT(b, a);
+  EXPECT_NEAR(c - b, 2 * (b - a), 1e3);
+  EXPECT_LT(c, 16384.0 * 256 * 4) << "more than a [T, 256] float buffer";
+}
 
 TEST(ElementwiseParity, GeluMulSoftcapCrossEntropy) {
   const int64_t n = 10007;
@@ -293,15 +506,15 @@ TEST(FiniteDifference, Attention) {
          go = RandomVec(nq, 63);
     auto pad = MakePad(c);
     AttnMask mask{pad_kind ? pad.data() : nullptr, c.window};
-    std::vector<float> o(nq), p(c.B * c.H * c.T * c.T), dq(nq), dk(nk, 0.f), dv(nk, 0.f);
-    ref::AttentionForward(q.data(), k.data(), v.data(), o.data(), p.data(), c.B, c.T, c.H, c.Hkv,
+    std::vector<float> o(nq), lse(c.B * c.H * c.T), dq(nq), dk(nk, 0.f), dv(nk, 0.f);
+    ref::AttentionForward(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.T, c.H, c.Hkv,
                           c.D, mask);
-    ref::AttentionBackward(q.data(), k.data(), v.data(), p.data(), go.data(), dq.data(), dk.data(),
-                           dv.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
+    ref::AttentionBackward(q.data(), k.data(), v.data(), o.data(), lse.data(), go.data(), dq.data(),
+                           dk.data(), dv.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
     auto f = [&](const std::vector<float>& qq, const std::vector<float>& kk,
                  const std::vector<float>& vv) {
-      std::vector<float> oo(nq), pp(p.size());
-      ref::AttentionForward(qq.data(), kk.data(), vv.data(), oo.data(), pp.data(), c.B, c.T, c.H,
+      std::vector<float> oo(nq), ll(lse.size());
+      ref::AttentionForward(qq.data(), kk.data(), vv.data(), oo.data(), ll.data(), c.B, c.T, c.H,
                             c.Hkv, c.D, mask);
       return Dot(oo, go);
     };

@@ -8,7 +8,9 @@
 
 #include "io/hf_model.h"
 #include "model/config.h"
+#include "model/frozen_weights.h"
 #include "model/gemma4.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 namespace st {
@@ -89,7 +91,10 @@ TEST(Engine, FastMatchesReference) {
   ForwardResult rr = ref.Forward(params.data(), batch);
   EXPECT_EQ(rf.num_valid, rr.num_valid);
   EXPECT_NEAR(rf.Loss(), rr.Loss(), 1e-5 * rr.Loss());
-  EXPECT_LT(RelError(fast.logits(), ref.logits(), B * T * c.vocab_size), 1e-5);
+  std::vector<float> lf(B * T * c.vocab_size), lr(lf.size());
+  fast.ComputeLogits(params.data(), lf.data());
+  ref.ComputeLogits(params.data(), lr.data());
+  EXPECT_LT(RelError(lf.data(), lr.data(), B * T * c.vocab_size), 1e-5);
   std::vector<float> gf(params.size(), 0.f), gr(params.size(), 0.f);
   fast.Backward(params.data(), gf.data(), batch, 1.0f / rf.num_valid);
   ref.Backward(params.data(), gr.data(), batch, 1.0f / rr.num_valid);
@@ -348,6 +353,100 @@ TEST(Config, WrongTypesAndAbsurdSizesAreErrors) {
   ASSERT_FALSE(short_types.ok());
   EXPECT_NE(short_types.status().message().find("layer_types has 2 entries"), std::string::npos)
       << short_types.status().message();
+}
+
+// The head and loss in tiles of kHeadRows x kHeadBlock against the whole [N, V] logits and the
+// plain cross-entropy kernels (the same engine otherwise): a vocabulary that is not a multiple of
+// the block, more target rows than one tile, padding and ignored targets. Loss and every gradient
+// (the tied head's included).
+TEST(Engine, TiledHeadLossMatchesTheWholeLogits) {
+  Gemma4Config c = MicroConfig();
+  c.vocab_size = c.vocab_size_per_layer_input = 2 * kHeadBlock + 123;
+  ASSERT_TRUE(c.Validate().ok());
+  const int64_t B = 3, T = kHeadRows / 2 + 37;  // 3 x 1061 rows: two tiles of rows
+  EngineOptions whole;
+  whole.whole_logits = true;
+  Gemma4Engine fast(c, B, T), ref(c, B, T, whole);
+  auto params = InitedParams(c, fast.registry(), 7);
+  MicroBatch mb = MakeBatch(c, B, T, 8);
+  for (int64_t i = 0; i < B * T; i += 5) mb.labels[i] = -100;  // ignored targets inside rows
+  const Batch batch = mb.Get(B, T);
+  const ForwardResult rf = fast.Forward(params.data(), batch);
+  const ForwardResult rr = ref.Forward(params.data(), batch);
+  EXPECT_EQ(rf.num_valid, rr.num_valid);
+  EXPECT_NEAR(rf.Loss(), rr.Loss(), 1e-6 * rr.Loss());
+  std::vector<float> gf(params.size(), 0.f), gr(params.size(), 0.f);
+  fast.Backward(params.data(), gf.data(), batch, 1.0f / rf.num_valid);
+  ref.Backward(params.data(), gr.data(), batch, 1.0f / rr.num_valid);
+  const ParamRegistry& reg = fast.registry();
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    const ArenaEntry& e = reg.layout.entry(i);
+    EXPECT_LT(RelError(gf.data() + e.offset, gr.data() + e.offset, e.numel), 1e-5) << e.name;
+  }
+  // The forward-only engine (evaluate's) gives the same loss.
+  EngineOptions eval;
+  eval.training = false;
+  Gemma4Engine forward_only(c, B, T, eval);
+  const ForwardResult re = forward_only.Forward(params.data(), batch);
+  EXPECT_EQ(re.num_valid, rf.num_valid);
+  EXPECT_EQ(re.loss_sum, rf.loss_sum);
+  EXPECT_LT(forward_only.ActivationBytes(), fast.ActivationBytes());
+}
+
+// Activation checkpointing recomputes with the same kernels on the same inputs: loss and every
+// gradient bit for bit those of keeping everything, with padding, KV sharing and PLE, and with the
+// embedding tables frozen and served from a source (FrozenWeights' per-layer hooks).
+TEST(Engine, CheckpointingIsBitIdenticalToKeepingEverything) {
+  const Gemma4Config c = MicroConfig();
+  const int64_t B = 3, T = 11;
+  const ParamRegistry reg = BuildParamRegistry(c);
+  auto params = InitedParams(c, reg, 3);
+  MicroBatch mb = MakeBatch(c, B, T, 4);
+  const Batch batch = mb.Get(B, T);
+  std::vector<bool> trainable(reg.layout.size());
+  for (int i = 0; i < reg.layout.size(); ++i) trainable[i] = !reg.is_buffer[i];
+  trainable[reg.embed_tokens] = trainable[reg.embed_tokens_per_layer] = false;
+  std::vector<bool> frozen(trainable.size());
+  for (size_t i = 0; i < frozen.size(); ++i) frozen[i] = !trainable[i];
+  const ArenaWeights source(reg, params.data());
+  struct Run {
+    double loss_sum;
+    std::vector<float> grads, grads_frozen;
+    size_t bytes;
+  };
+  auto run = [&](ActivationCheckpointing ckpt) {
+    EngineOptions o;
+    o.checkpointing = ckpt;
+    Gemma4Engine eng(c, B, T, o);
+    Run r;
+    r.grads.assign(params.size(), 0.f);
+    const ForwardResult f = eng.Forward(params.data(), batch);
+    eng.Backward(params.data(), r.grads.data(), batch, 1.0f / f.num_valid);
+    r.loss_sum = f.loss_sum;
+    r.bytes = eng.ActivationBytes();
+    // Frozen embeddings from the source, the rest through a table with hooks.
+    r.grads_frozen.assign(params.size(), 0.f);
+    FrozenWeights fw(reg, source, frozen);
+    ParamTable table =
+        ParamTable::FromArenas(reg, params.data(), r.grads_frozen.data(), &trainable);
+    fw.Bind(&table);
+    const ForwardResult g = eng.Forward(table, batch, &fw);
+    eng.Backward(table, batch, 1.0f / g.num_valid, &fw);
+    EXPECT_EQ(g.loss_sum, f.loss_sum);
+    return r;
+  };
+  const Run none = run(ActivationCheckpointing::kNone);
+  for (ActivationCheckpointing ckpt :
+       {ActivationCheckpointing::kMlp, ActivationCheckpointing::kLayer}) {
+    const Run got = run(ckpt);
+    const char* name = ActivationCheckpointingName(ckpt);
+    EXPECT_EQ(got.loss_sum, none.loss_sum) << name;
+    EXPECT_EQ(got.grads, none.grads) << name;
+    EXPECT_EQ(got.grads_frozen, none.grads_frozen) << name;
+    EXPECT_LT(got.bytes, none.bytes) << name;
+  }
+  EXPECT_TRUE(ParseActivationCheckpointing("layer").ok());
+  EXPECT_EQ(ParseActivationCheckpointing("full").status().code(), StatusCode::kInvalidArgument);
 }
 
 // The estimate that turns an impossible --batch-size/--max-seq-len into a message stays close to

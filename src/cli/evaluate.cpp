@@ -44,12 +44,15 @@ Status Run(const EvaluateArgs& a) {
                      a.dataset.path.empty() ||
                          (a.tokenizer.empty() && !std::filesystem::is_directory(model_id, ec))));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
-  ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len));
+  // Forward only: one layer's activations at a time, the loss in tiles.
+  EngineOptions forward_only;
+  forward_only.training = false;
+  ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len, forward_only));
   ST_ASSIGN_OR_RETURN(
       InstructionData data,
       LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.max_seq_len, data_dir));
   const TokenizedSet& set = data.examples;
-  Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len);
+  Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len, forward_only);
   // Nothing is trained: every tensor is served as FrozenWeights serves frozen ones (the lookup
   // table's rows from the mapped files, each layer converted when the engine enters it).
   FrozenWeights frozen(m.registry, *m.weights,

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "io/files.h"
 #include "io/model_loader.h"
+#include "kernels/cpu/ops_cpu.h"
 #include "launch/cluster_env.h"
 #include "launch/resources.h"
 #include "launch/topology.h"
@@ -39,7 +40,8 @@ struct FinetuneArgs {
   int dashboard_port = 8265;  // 0: any free port
   bool no_dashboard = false;
   double dashboard_linger_s = 0;  // after the run, serve until idle this long
-  int threads = 0;  // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
+  int threads = 0;       // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
+  bool dry_run = false;  // print the memory plan and exit
 };
 
 std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
@@ -92,6 +94,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.save_steps),
                                   "--fsdp-units",
                                   o.fsdp_units,
+                                  "--activation-checkpointing",
+                                  o.activation_checkpointing,
                                   "--freeze",
                                   o.freeze,
                                   "--save-dtype",
@@ -214,24 +218,55 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     ST_ASSIGN_OR_RETURN(a.o.data_dir, BundledDataDir(a.o.data_dir, needed));
   }
   {
-    // A job whose local workers cannot fit in this host's memory is refused here, before any
-    // worker allocates, with what would make it fit (not killed by the kernel halfway). A
+    // The memory plan: --activation-checkpointing auto resolved to the least recomputation that
+    // fits, and a job whose local workers cannot fit in this host's memory refused here, before
+    // any worker allocates, with what would make it fit (not killed by the kernel halfway). A
     // config that does not load is the workers' to report.
     std::error_code ec;
-    StatusOr<Gemma4Config> cfg = std::filesystem::is_directory(a.o.model_id, ec)
-                                     ? LoadGemma4Config(a.o.model_id + "/config.json")
-                                     : PresetConfig(a.o.model_id);
-    const bool checks = !env.is_worker() || env.local_rank == 0;
-    if (cfg.ok() && checks) {
-      ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, a.o.batch_size_per_device, a.o.max_seq_len));
+    const bool from_dir = std::filesystem::is_directory(a.o.model_id, ec);
+    StatusOr<Gemma4Config> cfg =
+        from_dir ? LoadGemma4Config(a.o.model_id + "/config.json") : PresetConfig(a.o.model_id);
+    if (a.o.activation_checkpointing != "auto")
+      ST_RETURN_IF_ERROR(ParseActivationCheckpointing(a.o.activation_checkpointing).status());
+    if (!cfg.ok() && a.dry_run) return cfg.status();
+    if (cfg.ok()) {
       const ParamRegistry registry = BuildParamRegistry(*cfg);
       ST_ASSIGN_OR_RETURN(const Trainable trainable, TrainableTensors(registry, a.o.freeze));
-      const WorkerMemoryEstimate estimate = EstimateWorkerMemory(
-          *cfg, registry, trainable.mask, topo.world_size(), a.o.batch_size_per_device,
-          a.o.max_seq_len, a.o.fsdp_units == "layer");
       const int local = env.is_worker() ? env.local_world_size : topo.world_size();
-      ST_RETURN_IF_ERROR(
-          CheckHostMemory(estimate, local, launch::AvailableMemoryBytes(), a.o.model_id));
+      const size_t available = launch::AvailableMemoryBytes();
+      WorkerShape shape;
+      shape.world = topo.world_size();
+      shape.batch = a.o.batch_size_per_device;
+      shape.seq = a.o.max_seq_len;
+      shape.layer_units = a.o.fsdp_units == "layer";
+      shape.threads = a.threads > 0     ? a.threads
+                      : env.threads > 0 ? env.threads
+                                        : std::max(1, cpu::NumThreads() / std::max(1, local));
+      if (a.o.activation_checkpointing == "auto")
+        a.o.activation_checkpointing = ActivationCheckpointingName(
+            ChooseCheckpointing(*cfg, registry, trainable.mask, shape, local, available));
+      shape.checkpointing = *ParseActivationCheckpointing(a.o.activation_checkpointing);
+      const WorkerMemoryEstimate estimate =
+          EstimateWorkerMemory(*cfg, registry, trainable.mask, shape);
+      if (a.dry_run) {
+        // The frozen tensors a checkpoint leaves in its mapped files (headers only: nothing read).
+        double mapped = 0;
+        if (from_dir) {
+          ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.o.model_id, 42, false));
+          mapped = MappedFrozenBytes(*m.weights, registry, trainable.mask);
+        }
+        std::printf("slicetrain finetune --dry-run: %s, %d worker(s), %d on this host\n%s",
+                    a.o.model_id.c_str(), topo.world_size(), local,
+                    FormatMemoryPlan(estimate, shape, local, mapped, available).c_str());
+        std::fflush(stdout);
+      }
+      if (a.dry_run || !env.is_worker() || env.local_rank == 0) {
+        EngineOptions engine;
+        engine.checkpointing = shape.checkpointing;
+        ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, shape.batch, shape.seq, engine));
+        ST_RETURN_IF_ERROR(CheckHostMemory(estimate, local, available, a.o.model_id));
+      }
+      if (a.dry_run) return Status::Ok();
     }
   }
   if (a.o.progress == "auto") a.o.progress = isatty(STDOUT_FILENO) ? "bar" : "lines";
@@ -324,6 +359,14 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--fsdp-units", o.fsdp_units,
                   "mlp (each layer's MLP is a unit, as the seed) or layer")
       ->capture_default_str();
+  cmd->add_option("--activation-checkpointing", o.activation_checkpointing,
+                  "auto, none, mlp or layer: activations the backward recomputes instead of "
+                  "keeping (mlp: each MLP's intermediates; layer: all but each layer's input). "
+                  "auto: the least recomputation the memory plan fits on this host")
+      ->capture_default_str();
+  cmd->add_flag("--dry-run", a->dry_run,
+                "Print the memory plan per worker and per host and exit (non-zero when the job "
+                "cannot fit); nothing is started");
   cmd->add_option("--freeze", o.freeze,
                   "Regex of tensor names to freeze (no gradient or optimizer state; read from "
                   "--model-id as needed, never copied whole)")

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "io/model_loader.h"
+#include "launch/resources.h"
 #include "model/config.h"
 #include "model/frozen_weights.h"
 #include "model/params.h"
@@ -22,6 +23,8 @@ struct InfoArgs {
   std::string freeze = "^embed_tokens_per_layer";
   std::string fsdp_units = "mlp";
   int64_t batch_size = 4, max_seq_len = 64;
+  std::string activation_checkpointing = "none";
+  int threads = 1;
 };
 
 double MiB(double bytes) {
@@ -71,27 +74,21 @@ Status Run(const InfoArgs& a) {
         (long long)m.report.tensors_ignored);
   std::printf("trainable: %.3f M, frozen: %.3f M (--freeze '%s')\n",
               (total - trainable.frozen) / 1e6, trainable.frozen / 1e6, a.freeze.c_str());
-  const WorkerMemoryEstimate e = EstimateWorkerMemory(
-      c, reg, trainable.mask, a.num_workers, a.batch_size, a.max_seq_len, a.fsdp_units == "layer");
+  WorkerShape shape;
+  shape.world = a.num_workers;
+  shape.batch = a.batch_size;
+  shape.seq = a.max_seq_len;
+  shape.layer_units = a.fsdp_units == "layer";
+  ST_ASSIGN_OR_RETURN(shape.checkpointing,
+                      ParseActivationCheckpointing(a.activation_checkpointing));
+  shape.threads = std::max(1, a.threads);
+  const WorkerMemoryEstimate e = EstimateWorkerMemory(c, reg, trainable.mask, shape);
   // Frozen bytes left in the mapped files (a preset generates them instead).
-  double mapped = 0;
-  for (int i = 0; i < reg.layout.size(); ++i)
-    if (!trainable.mask[i])
-      if (auto s = m.weights->StoredBytes(i)) mapped += static_cast<double>(s->bytes);
-  std::printf("per worker of %d (--fsdp-units %s, batch %lld x %lld tokens):\n", a.num_workers,
-              a.fsdp_units.c_str(), (long long)a.batch_size, (long long)a.max_seq_len);
-  std::printf("  parameters (fp32 shard)      %10.1f MiB\n", MiB(e.sharded_state / 4));
-  std::printf("  gradients (fp32 shard)       %10.1f MiB\n", MiB(e.sharded_state / 4));
-  std::printf("  optimizer state (2 moments)  %10.1f MiB\n", MiB(e.sharded_state / 2));
-  std::printf("  gathered units               %10.1f MiB\n", MiB(e.gathered_units));
-  std::printf("  frozen tensors in fp32       %10.1f MiB\n", MiB(e.frozen_fp32));
-  std::printf("  activations                  %10.1f MiB\n", MiB(e.activations));
-  std::printf("  checkpoint writer            %10.1f MiB\n", MiB(e.checkpoint_writer));
-  std::printf("  total                        %10.1f MiB\n", MiB(e.total()));
+  const double mapped = MappedFrozenBytes(*m.weights, reg, trainable.mask);
+  // The host line as if every worker ran on this host.
   std::printf(
-      "per host: frozen maps %.1f MiB (read-only file pages, shared by the host's workers; "
-      "%s)\n",
-      MiB(mapped), mapped > 0 ? "page cache, counted once" : "none: a preset generates its values");
+      "%s",
+      FormatMemoryPlan(e, shape, a.num_workers, mapped, launch::AvailableMemoryBytes()).c_str());
   return Status::Ok();
 }
 
@@ -113,6 +110,11 @@ void RegisterInfoCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--batch-size-per-device", a->batch_size, "Sequences per worker per step")
       ->capture_default_str();
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--activation-checkpointing", a->activation_checkpointing,
+                  "none, mlp or layer, as finetune takes it")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Compute threads per worker (attention workspace)")
+      ->capture_default_str();
   cmd->callback([&ctx, a] {
     Status st = Run(*a);
     if (!st.ok()) ctx.exit_code = ReportError("info", st);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/ref/ops_ref.h"
 #include "model/weights.h"
@@ -74,18 +75,48 @@ void RopeTable(const RopeParams& r, int64_t D, int64_t T, std::vector<float>* co
 
 }  // namespace
 
+StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string& name) {
+  if (name == "none") return ActivationCheckpointing::kNone;
+  if (name == "mlp") return ActivationCheckpointing::kMlp;
+  if (name == "layer") return ActivationCheckpointing::kLayer;
+  return InvalidArgument("--activation-checkpointing must be none, mlp or layer, got '" + name +
+                         "'");
+}
+
+const char* ActivationCheckpointingName(ActivationCheckpointing c) {
+  switch (c) {
+    case ActivationCheckpointing::kNone:
+      return "none";
+    case ActivationCheckpointing::kMlp:
+      return "mlp";
+    case ActivationCheckpointing::kLayer:
+      return "layer";
+  }
+  return "none";
+}
+
 Gemma4Engine::Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
-                           Backend backend)
+                           const EngineOptions& options)
     : cfg_(cfg),
       reg_(BuildParamRegistry(cfg)),
       max_B_(max_batch),
       max_T_(max_seq),
-      backend_(backend) {
+      options_(options),
+      backend_(options.backend) {
   ST_CHECK(max_batch >= 1 && max_seq >= 1) << "engine planned for an empty batch";
-  PlanActivations();
+  plan_ = ActivationPlan::Build(cfg_, max_B_, max_T_, options_);
+  acts_ = AlignedBuffer(plan_.layout.total(), "the activation arena");
   BuildRopeTables();
-  if (backend_ == Backend::kCpu) cpu::ReserveAttentionScratch(max_T_);
+  if (backend_ == Backend::kCpu) {
+    int64_t max_kv = 1, max_d = 1;
+    for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+      max_kv = std::max(max_kv, cfg_.KvHeads(i));
+      max_d = std::max(max_d, cfg_.HeadDim(i));
+    }
+    cpu::ReserveAttentionScratch(max_B_, max_T_, cfg_.num_attention_heads, max_kv, max_d);
+  }
   targets_.assign(max_B_ * max_T_, -100);
+  rows_.reserve(static_cast<size_t>(max_B_ * max_T_));
 }
 
 ParamTable ParamTable::FromArenas(const ParamRegistry& reg, const float* params, float* grads,
@@ -131,86 +162,152 @@ void Gemma4Engine::BuildRopeTables() {
   if (Df) RopeTable(cfg_.rope_full, Df, max_T_, &cos_f_, &sin_f_);
 }
 
-void Gemma4Engine::PlanActivations() {
-  ArenaLayout& l = act_layout_;
-  const int64_t N = max_B_ * max_T_, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
-  const int64_t H = cfg_.num_attention_heads, P = cfg_.hidden_size_per_layer_input;
-  const int64_t V = cfg_.vocab_size;
-  int64_t max_hd = 0, max_f = 0;
-  for (int64_t i = 0; i <= L; ++i) resid_.push_back(l.Add("resid." + std::to_string(i), {N, d}));
-  if (P > 0) {
-    a_proj_ = l.Add("ple.proj", {N, L * P});
-    a_rstd_pln_ = l.Add("ple.rstd", {N * L});
-    a_ple_ = l.Add("ple.inputs", {L, N, P});
+ActivationPlan ActivationPlan::Build(const Gemma4Config& cfg, int64_t B, int64_t T,
+                                     const EngineOptions& options) {
+  ActivationPlan plan;
+  ArenaLayout& l = plan.layout;
+  const int64_t N = B * T, d = cfg.hidden_size, L = cfg.num_hidden_layers;
+  const int64_t H = cfg.num_attention_heads, P = cfg.hidden_size_per_layer_input;
+  const bool train = options.training;
+  // Which layers' K/V later layers read (they must outlive the layer), and the largest layer.
+  std::vector<bool>& kv_source = plan.kv_source;
+  kv_source.assign(L, false);
+  int64_t max_hd = 0, max_kvd = 0, max_f = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    if (cfg.IsKvShared(i)) kv_source[cfg.KvSourceLayer(i)] = true;
+    max_hd = std::max(max_hd, H * cfg.HeadDim(i));
+    max_kvd = std::max(max_kvd, cfg.KvHeads(i) * cfg.HeadDim(i));
+    max_f = std::max(max_f, cfg.MlpWidth(i));
   }
+  // Per-layer sets when the backward reads them as the forward left them; otherwise one set.
+  const bool keep_layers = train && options.checkpointing != ActivationCheckpointing::kLayer;
+  const bool keep_mlp = train && options.checkpointing == ActivationCheckpointing::kNone;
+  // The residual stream: every layer's input when training (the checkpoints of kLayer), else two
+  // buffers the layers alternate between.
+  for (int64_t i = 0; i <= L; ++i) {
+    if (train || i < 2)
+      plan.resid.push_back(l.Add("resid." + std::to_string(i), {N, d}));
+    else
+      plan.resid.push_back(plan.resid[static_cast<size_t>(i % 2)]);
+  }
+  if (P > 0) {
+    plan.proj = l.Add("ple.proj", {N, L * P});
+    plan.rstd_pln = l.Add("ple.rstd", {N * L});
+    plan.ple = l.Add("ple.inputs", {L, N, P});
+  }
+  // Adds to `a` the tensors of one layer's activation set: the attention and PLE part (set), the
+  // K/V projections before RoPE/norm (kv_raw), K and V themselves (kv), the MLP's intermediates.
+  auto add = [&](const std::string& p, ActivationPlan::LayerActs a, int64_t hd, int64_t kvh,
+                 int64_t kvd, int64_t F, bool set, bool kv_raw, bool kv, bool mlp) {
+    if (set) {
+      a.h1 = l.Add(p + "h1", {N, d});
+      a.rstd_in = l.Add(p + "rstd_in", {N});
+      a.q_raw = l.Add(p + "q_raw", {N, hd});
+      a.rstd_q = l.Add(p + "rstd_q", {N * H});
+      a.q = l.Add(p + "q", {N, hd});
+      a.lse = l.Add(p + "lse", {B, H, T});
+      a.o = l.Add(p + "o", {N, hd});
+      a.a = l.Add(p + "a", {N, d});
+      a.rstd_pa = l.Add(p + "rstd_pa", {N});
+      a.x1 = l.Add(p + "x1", {N, d});
+      a.h2 = l.Add(p + "h2", {N, d});
+      a.rstd_pf = l.Add(p + "rstd_pf", {N});
+      a.m = l.Add(p + "m", {N, d});
+      a.rstd_pff = l.Add(p + "rstd_pff", {N});
+      a.x2 = l.Add(p + "x2", {N, d});
+      if (P > 0) {
+        a.pg = l.Add(p + "pg", {N, P});
+        a.g2 = l.Add(p + "g2", {N, P});
+        a.u = l.Add(p + "u", {N, d});
+        a.rstd_pp = l.Add(p + "rstd_pp", {N});
+      }
+    }
+    if (kv_raw) {
+      a.k_raw = l.Add(p + "k_raw", {N, kvd});
+      a.rstd_k = l.Add(p + "rstd_k", {N * kvh});
+      a.v_raw = l.Add(p + "v_raw", {N, kvd});
+      a.rstd_v = l.Add(p + "rstd_v", {N * kvh});
+    }
+    if (kv) {
+      a.k = l.Add(p + "k", {N, kvd});
+      a.v = l.Add(p + "v", {N, kvd});
+    }
+    if (mlp) {
+      a.gate = l.Add(p + "gate", {N, F});
+      a.up = l.Add(p + "up", {N, F});
+      a.hm = l.Add(p + "hm", {N, F});
+    }
+    return a;
+  };
+  int64_t max_kvh = 1;
+  for (int64_t i = 0; i < L; ++i) max_kvh = std::max(max_kvh, cfg.KvHeads(i));
+  ActivationPlan::LayerActs shared{};
+  if (!keep_layers)  // kLayer, or forward only: one set for every layer
+    shared = add("shared.", shared, max_hd, max_kvh, max_kvd, max_f, true, true, true, true);
+  else if (!keep_mlp)  // kMlp: one set of MLP intermediates
+    shared = add("shared.", shared, 0, 0, 0, max_f, false, false, false, true);
   for (int64_t i = 0; i < L; ++i) {
     const std::string p = "layer." + std::to_string(i) + ".";
-    const int64_t D = cfg_.HeadDim(i), kv = cfg_.KvHeads(i), F = cfg_.MlpWidth(i);
-    max_hd = std::max(max_hd, H * D);
-    max_f = std::max(max_f, F);
-    LayerActs a;
-    a.h1 = l.Add(p + "h1", {N, d});
-    a.rstd_in = l.Add(p + "rstd_in", {N});
-    a.q_raw = l.Add(p + "q_raw", {N, H * D});
-    a.rstd_q = l.Add(p + "rstd_q", {N * H});
-    a.q = l.Add(p + "q", {N, H * D});
-    if (!cfg_.IsKvShared(i)) {
-      a.k_raw = l.Add(p + "k_raw", {N, kv * D});
-      a.rstd_k = l.Add(p + "rstd_k", {N * kv});
-      a.k = l.Add(p + "k", {N, kv * D});
-      a.v_raw = l.Add(p + "v_raw", {N, kv * D});
-      a.rstd_v = l.Add(p + "rstd_v", {N * kv});
-      a.v = l.Add(p + "v", {N, kv * D});
+    const int64_t hd = H * cfg.HeadDim(i), kvh = cfg.KvHeads(i), kvd = kvh * cfg.HeadDim(i);
+    const bool own_kv = !cfg.IsKvShared(i);
+    ActivationPlan::LayerActs a;
+    if (keep_layers) {
+      a = add(p, shared, hd, kvh, kvd, cfg.MlpWidth(i), true, own_kv, own_kv, keep_mlp);
+    } else {
+      a = add(p, shared, hd, kvh, kvd, 0, false, false, own_kv && kv_source[i], false);
     }
-    a.probs = l.Add(p + "probs", {max_B_, H, max_T_, max_T_});
-    a.o = l.Add(p + "o", {N, H * D});
-    a.a = l.Add(p + "a", {N, d});
-    a.rstd_pa = l.Add(p + "rstd_pa", {N});
-    a.x1 = l.Add(p + "x1", {N, d});
-    a.h2 = l.Add(p + "h2", {N, d});
-    a.rstd_pf = l.Add(p + "rstd_pf", {N});
-    a.gate = l.Add(p + "gate", {N, F});
-    a.up = l.Add(p + "up", {N, F});
-    a.hm = l.Add(p + "hm", {N, F});
-    a.m = l.Add(p + "m", {N, d});
-    a.rstd_pff = l.Add(p + "rstd_pff", {N});
-    a.x2 = l.Add(p + "x2", {N, d});
-    if (P > 0) {
-      a.pg = l.Add(p + "pg", {N, P});
-      a.g2 = l.Add(p + "g2", {N, P});
-      a.u = l.Add(p + "u", {N, d});
-      a.rstd_pp = l.Add(p + "rstd_pp", {N});
-    }
-    la_.push_back(a);
+    if (!own_kv) a.k_raw = a.rstd_k = a.k = a.v_raw = a.rstd_v = a.v = -1;
+    plan.layers.push_back(a);
   }
-  a_hN_ = l.Add("final.hN", {N, d});
-  a_rstd_f_ = l.Add("final.rstd", {N});
-  a_logits_ = l.Add("final.logits", {N, V});
+  plan.hN = l.Add("final.hN", {N, d});
+  plan.rstd_f = l.Add("final.rstd", {N});
+  // The head's tiles: the compacted target rows, their gradient, one tile of logits, the rows'
+  // log-sum-exp.
+  plan.head_h = l.Add("head.rows", {N, d});
+  plan.head_y = l.Add("head.tile", {std::min(N, kHeadRows), kHeadBlock});
+  plan.head_lse = l.Add("head.lse", {N});
+  plan.head_sum = l.Add("head.sum", {N});
+  plan.head_zt = l.Add("head.zt", {N});
+  const int64_t LP = std::max<int64_t>(P, 1) * std::max<int64_t>(L, 1);
+  plan.dp2 = l.Add("grad.dp2", {N, LP});  // also the forward's PLE scratch
+  if (!train) return plan;
+  plan.head_dh = l.Add("head.drows", {N, d});
   // Backward scratch.
-  g_dx_ = l.Add("grad.dx", {N, d});
-  g_dn_ = l.Add("grad.dn", {N, d});
-  g_dh_ = l.Add("grad.dh", {N, d});
-  g_dq_ = l.Add("grad.dq", {N, max_hd});
-  g_do_ = l.Add("grad.do", {N, max_hd});
-  g_df1_ = l.Add("grad.df1", {N, max_f});
-  g_df2_ = l.Add("grad.df2", {N, max_f});
-  g_dp1_ = l.Add("grad.dp1", {N, std::max<int64_t>(P, 1) * std::max<int64_t>(L, 1)});
-  g_dp2_ = l.Add("grad.dp2", {N, std::max<int64_t>(P, 1) * std::max<int64_t>(L, 1)});
-  if (P > 0) g_dple_ = l.Add("grad.dple", {L, N, P});
-  g_dk_.assign(L, -1);
-  g_dv_.assign(L, -1);
+  plan.dx = l.Add("grad.dx", {N, d});
+  plan.dn = l.Add("grad.dn", {N, d});
+  plan.dh = l.Add("grad.dh", {N, d});
+  plan.dq = l.Add("grad.dq", {N, max_hd});
+  plan.dout = l.Add("grad.do", {N, max_hd});
+  plan.df1 = l.Add("grad.df1", {N, max_f});
+  plan.df2 = l.Add("grad.df2", {N, max_f});
+  plan.dp1 = l.Add("grad.dp1", {N, LP});
+  if (P > 0) plan.dple = l.Add("grad.dple", {L, N, P});
+  // K/V gradient accumulators: their own for a layer whose K/V later layers share (the consumers'
+  // backward adds into it first), one shared by the others.
+  plan.dk.assign(L, -1);
+  plan.dv.assign(L, -1);
+  int dk_shared = -1, dv_shared = -1;
   for (int64_t i = 0; i < L; ++i) {
-    if (cfg_.IsKvShared(i)) continue;
-    const int64_t kvd = cfg_.KvHeads(i) * cfg_.HeadDim(i);
-    g_dk_[i] = l.Add("grad.dk." + std::to_string(i), {N, kvd});
-    g_dv_[i] = l.Add("grad.dv." + std::to_string(i), {N, kvd});
+    if (cfg.IsKvShared(i)) continue;
+    if (kv_source[i]) {
+      const int64_t kvd = cfg.KvHeads(i) * cfg.HeadDim(i);
+      plan.dk[i] = l.Add("grad.dk." + std::to_string(i), {N, kvd});
+      plan.dv[i] = l.Add("grad.dv." + std::to_string(i), {N, kvd});
+    } else {
+      if (dk_shared < 0) {
+        dk_shared = l.Add("grad.dk", {N, max_kvd});
+        dv_shared = l.Add("grad.dv", {N, max_kvd});
+      }
+      plan.dk[i] = dk_shared;
+      plan.dv[i] = dv_shared;
+    }
   }
   for (int64_t i = 0; i < L; ++i)
-    if (cfg_.IsKvShared(i)) {
-      g_dk_[i] = g_dk_[cfg_.KvSourceLayer(i)];
-      g_dv_[i] = g_dv_[cfg_.KvSourceLayer(i)];
+    if (cfg.IsKvShared(i)) {
+      plan.dk[i] = plan.dk[cfg.KvSourceLayer(i)];
+      plan.dv[i] = plan.dv[cfg.KvSourceLayer(i)];
     }
-  acts_ = AlignedBuffer(l.total(), "the activation arena");
+  return plan;
 }
 
 ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHooks* hooks) {
@@ -224,9 +321,10 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
   for (int64_t n = 0; n < N; ++n)
     ST_CHECK(ids[n] >= 0 && ids[n] < V) << "token id " << ids[n] << " outside the vocabulary";
   auto W = [&](int idx) { return t.param[idx]; };
+  last_N_ = N;
 
   // Embeddings: x0 = E[ids] * sqrt(d)   [N,d]
-  float* x0 = Act(resid_[0]);
+  float* x0 = Act(plan_.resid[0]);
   if (const float* table = W(reg_.embed_tokens))
     ops.EmbeddingForward(ids, table, x0, N, d, std::sqrt(static_cast<float>(d)));
   else  // frozen and left in the checkpoint (FrozenWeights): the batch's rows
@@ -235,19 +333,20 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
 
   // Per-layer inputs: ple[l] = (norm(x0 Wplmp^T / sqrt(d)) + Epl[ids] * sqrt(P)) / sqrt(2)
   if (P > 0) {
-    float* proj = Act(a_proj_);  // [N, L*P] pre-norm projection (saved)
-    float* projn = Act(g_dp1_);  // [N, L*P] normed (scratch)
-    float* tok = Act(g_dp2_);    // [N, L*P] token-identity part (scratch)
+    float* proj = Act(plan_.proj);  // [N, L*P] pre-norm projection (saved)
+    // The normed projection (in place when nothing runs backward) and the token-identity part.
+    float* projn = options_.training ? Act(plan_.dp1) : proj;
+    float* tok = Act(plan_.dp2);
     ops.LinearForward(x0, W(reg_.per_layer_model_projection), proj, N, d, L * P,
                       1.0f / std::sqrt(static_cast<float>(d)), false);
-    ops.RmsNormForward(proj, W(reg_.per_layer_projection_norm), projn, Act(a_rstd_pln_), N * L, P,
-                       static_cast<float>(cfg_.rms_norm_eps));
+    ops.RmsNormForward(proj, W(reg_.per_layer_projection_norm), projn, Act(plan_.rstd_pln), N * L,
+                       P, static_cast<float>(cfg_.rms_norm_eps));
     const int ple_table = reg_.embed_tokens_per_layer;
     if (const float* table = W(ple_table))
       ops.EmbeddingForward(ids, table, tok, N, L * P, std::sqrt(static_cast<float>(P)));
     else  // frozen and left in the checkpoint: the batch's rows, converted on the fly
       t.rows.at(ple_table)->GatherRows(ple_table, ids, N, std::sqrt(static_cast<float>(P)), tok);
-    float* ple = Act(a_ple_);  // [L, N, P]
+    float* ple = Act(plan_.ple);  // [L, N, P]
     const float s = static_cast<float>(std::pow(2.0, -0.5));
 #pragma omp parallel for schedule(static) if (N * L * P > (1 << 15))
     for (int64_t n = 0; n < N; ++n)
@@ -262,18 +361,11 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
     LayerForward(i, t, b, cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask,
                  hooks);
 
-  // Final norm, tied LM head, softcap.
-  float* hN = Act(a_hN_);
-  float* logits = Act(a_logits_);
-  ops.RmsNormForward(Act(resid_[L]), W(reg_.norm), hN, Act(a_rstd_f_), N, d,
+  // Final norm; the tied head and the loss in tiles (the softcapped logits are never whole).
+  ops.RmsNormForward(Act(plan_.resid[L]), W(reg_.norm), Act(plan_.hN), Act(plan_.rstd_f), N, d,
                      static_cast<float>(cfg_.rms_norm_eps));
-  if (const float* head = W(reg_.embed_tokens))
-    ops.LinearForward(hN, head, logits, N, d, V, 1.0f, false);
-  else
-    FrozenHeadForward(t, hN, logits, N);
-  ops.SoftcapForward(logits, N * V, static_cast<float>(cfg_.final_logit_softcapping));
-
   ForwardResult r;
+  rows_.clear();
   if (b.labels) {
     // Causal shift: position t predicts labels[t+1]; each row's last position predicts nothing.
     for (int64_t bi = 0; bi < b.B; ++bi)
@@ -282,8 +374,10 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
         ST_CHECK(label == -100 || (label >= 0 && label < V))
             << "label " << label << " out of range";
         targets_[bi * b.T + t] = label;
+        if (label != -100) rows_.push_back(static_cast<int32_t>(bi * b.T + t));
       }
-    r.loss_sum = ops.CrossEntropyForward(logits, targets_.data(), N, V, &r.num_valid);
+    r.num_valid = static_cast<int64_t>(rows_.size());
+    r.loss_sum = HeadLossForward(t);
   }
   return r;
 }
@@ -292,10 +386,10 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
                                 const AttnMask& mask, ParamHooks* hooks) {
   const Ops& ops = OpsFor(backend_);
   const LayerParams& lp = reg_.layers[i];
-  const LayerActs& a = la_[i];
+  const ActivationPlan::LayerActs& a = plan_.layers[i];
   const int64_t B = b.B, T = b.T, N = B * T, d = cfg_.hidden_size;
   const int64_t H = cfg_.num_attention_heads, D = cfg_.HeadDim(i), Hkv = cfg_.KvHeads(i);
-  const int64_t F = cfg_.MlpWidth(i), P = cfg_.hidden_size_per_layer_input;
+  const int64_t P = cfg_.hidden_size_per_layer_input;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const bool full = cfg_.layer_types[i] == LayerType::kFull;
   const float* cos_t = full ? cos_f_.data() : cos_s_.data();
@@ -304,7 +398,7 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
 
   using Part = ParamHooks::Part;
   if (hooks) hooks->BeforeForward(i, Part::kLayer);
-  const float* x_in = Act(resid_[i]);  // [N,d]
+  const float* x_in = Act(plan_.resid[i]);  // [N,d]
   // Attention block: x1 = x_in + norm_pa(o_proj(attn(norm_in(x_in))))
   float* h1 = Act(a.h1);
   ops.RmsNormForward(x_in, W(lp.input_layernorm), h1, Act(a.rstd_in), N, d, eps);
@@ -319,30 +413,27 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
     ops.LinearForward(h1, W(lp.v_proj), Act(a.v_raw), N, d, Hkv * D, 1.0f, false);
     ops.RmsNormForward(Act(a.v_raw), nullptr, Act(a.v), Act(a.rstd_v), N * Hkv, D, eps);
   }
-  const LayerActs& src = la_[cfg_.KvSourceLayer(i)];
-  ops.AttentionForward(q, Act(src.k), Act(src.v), Act(a.o), Act(a.probs), B, T, H, Hkv, D, mask);
+  const ActivationPlan::LayerActs& src = plan_.layers[cfg_.KvSourceLayer(i)];
+  ops.AttentionForward(q, Act(src.k), Act(src.v), Act(a.o), Act(a.lse), B, T, H, Hkv, D, mask);
   ops.LinearForward(Act(a.o), W(lp.o_proj), Act(a.a), N, H * D, d, 1.0f, false);
   float* x1 = Act(a.x1);
   ops.RmsNormForward(Act(a.a), W(lp.post_attention_layernorm), x1, Act(a.rstd_pa), N, d, eps);
   ops.Add(x1, x_in, N * d);
 
   // MLP block: x2 = x1 + norm_pff(down(gelu(gate(h2)) * up(h2))), h2 = norm_pf(x1)
-  float* h2 = Act(a.h2);
-  ops.RmsNormForward(x1, W(lp.pre_feedforward_layernorm), h2, Act(a.rstd_pf), N, d, eps);
+  ops.RmsNormForward(x1, W(lp.pre_feedforward_layernorm), Act(a.h2), Act(a.rstd_pf), N, d, eps);
   if (hooks) hooks->BeforeForward(i, Part::kMlp);
-  ops.LinearForward(h2, W(lp.gate_proj), Act(a.gate), N, d, F, 1.0f, false);
-  ops.LinearForward(h2, W(lp.up_proj), Act(a.up), N, d, F, 1.0f, false);
-  ops.GeluMulForward(Act(a.gate), Act(a.up), Act(a.hm), N * F);
-  ops.LinearForward(Act(a.hm), W(lp.down_proj), Act(a.m), N, F, d, 1.0f, false);
+  MlpForward(i, t, N);
+  ops.LinearForward(Act(a.hm), W(lp.down_proj), Act(a.m), N, cfg_.MlpWidth(i), d, 1.0f, false);
   if (hooks) hooks->AfterForward(i, Part::kMlp);
   float* x2 = Act(a.x2);
   ops.RmsNormForward(Act(a.m), W(lp.post_feedforward_layernorm), x2, Act(a.rstd_pff), N, d, eps);
   ops.Add(x2, x1, N * d);
 
   // PLE block: x3 = x2 + norm_pp(proj(gelu(gate(x2)) * ple_i)); then the whole stream * scalar.
-  float* out = Act(resid_[i + 1]);
+  float* out = Act(plan_.resid[i + 1]);
   if (P > 0) {
-    const float* ple_i = Act(a_ple_) + i * N * P;
+    const float* ple_i = Act(plan_.ple) + i * N * P;
     ops.LinearForward(x2, W(lp.per_layer_input_gate), Act(a.pg), N, d, P, 1.0f, false);
     ops.GeluMulForward(Act(a.pg), ple_i, Act(a.g2), N * P);
     ops.LinearForward(Act(a.g2), W(lp.per_layer_projection), Act(a.u), N, P, d, 1.0f, false);
@@ -355,78 +446,204 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
   if (hooks) hooks->AfterForward(i, Part::kLayer);
 }
 
-// The tied head when embed_tokens is frozen and served from the checkpoint: the vocabulary in
-// blocks of kFrozenHeadBlock rows, each converted into one scratch block (allocated at first use,
-// then reused), so the fp32 table is never whole. fn(v0, c) runs with rows [v0, v0 + c) in
-// head_w_; the table's file pages are released at the end.
-void Gemma4Engine::ForEachFrozenHeadBlock(const ParamTable& t,
-                                          const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size, B = kFrozenHeadBlock;
-  if (head_w_.size() < B * d)
-    head_w_ = AlignedBuffer(B * d, "a block of the frozen LM head (fp32)");
-  if (head_y_.size() < max_B_ * max_T_ * B)
-    head_y_ = AlignedBuffer(max_B_ * max_T_ * B, "the logits of one vocabulary block");
-  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
-  for (int64_t v0 = 0; v0 < V; v0 += B) {
-    const int64_t c = std::min(B, V - v0);
-    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
-    fn(v0, c);
+void Gemma4Engine::MlpForward(int64_t i, const ParamTable& t, int64_t N) {
+  const Ops& ops = OpsFor(backend_);
+  const LayerParams& lp = reg_.layers[i];
+  const ActivationPlan::LayerActs& a = plan_.layers[i];
+  const int64_t d = cfg_.hidden_size, F = cfg_.MlpWidth(i);
+  ops.LinearForward(Act(a.h2), t.param[lp.gate_proj], Act(a.gate), N, d, F, 1.0f, false);
+  ops.LinearForward(Act(a.h2), t.param[lp.up_proj], Act(a.up), N, d, F, 1.0f, false);
+  ops.GeluMulForward(Act(a.gate), Act(a.up), Act(a.hm), N * F);
+}
+
+template <typename Fn>
+void Gemma4Engine::ForEachHeadBlock(const ParamTable& t, Fn&& fn) {
+  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
+  if (const float* head = t.param[reg_.embed_tokens]) {
+    for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock)
+      fn(v0, std::min(kHeadBlock, V - v0), head + v0 * d);
+    return;
   }
-  rows->Release(reg_.embed_tokens);
+  // Frozen and served from the checkpoint: each block converted into one scratch block
+  // (allocated at first use, then reused) and its file pages released at once.
+  if (head_w_.size() < kHeadBlock * d)
+    head_w_ = AlignedBuffer(kHeadBlock * d, "a block of the frozen LM head (fp32)");
+  const WeightSource* rows = t.rows.at(reg_.embed_tokens);
+  for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
+    const int64_t c = std::min(kHeadBlock, V - v0);
+    rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+    rows->Release(reg_.embed_tokens, v0 * d, c * d);  // the block's file pages, now converted
+    fn(v0, c, head_w_.data());
+  }
 }
 
-void Gemma4Engine::FrozenHeadForward(const ParamTable& t, const float* hN, float* logits,
-                                     int64_t N) {
+void Gemma4Engine::HeadTile(const float* hv, const float* w, int64_t rows, int64_t c) {
   const Ops& ops = OpsFor(backend_);
-  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
-  ForEachFrozenHeadBlock(t, [&](int64_t v0, int64_t c) {
-    ops.LinearForward(hN, head_w_.data(), head_y_.data(), N, d, c, 1.0f, false);
-#pragma omp parallel for schedule(static) if (N * c > (1 << 16))
-    for (int64_t n = 0; n < N; ++n)
-      std::memcpy(logits + n * V + v0, head_y_.data() + n * c, static_cast<size_t>(c) * 4);
+  float* y = Act(plan_.head_y);
+  ops.LinearForward(hv, w, y, rows, cfg_.hidden_size, c, 1.0f, false);
+  ops.SoftcapForward(y, rows * c, static_cast<float>(cfg_.final_logit_softcapping));
+}
+
+// The loss over the rows with a target: per row an online log-sum-exp over the vocabulary blocks
+// (running maximum and sum, rescaled when the maximum grows) and the target's logit, so memory is
+// one tile of [kHeadRows, kHeadBlock] whatever V is. Rows without a target cost nothing.
+double Gemma4Engine::HeadLossForward(const ParamTable& t) {
+  const int64_t Nv = static_cast<int64_t>(rows_.size()), d = cfg_.hidden_size;
+  if (options_.whole_logits || backend_ == Backend::kRef) {
+    // The oracle: every row's whole [V] logits, then the plain cross-entropy (tests compare the
+    // tiled path with this one).
+    whole_logits_.resize(static_cast<size_t>(last_N_ * cfg_.vocab_size));
+    ComputeLogits(t, whole_logits_.data());
+    int64_t valid = 0;
+    return OpsFor(backend_).CrossEntropyForward(whole_logits_.data(), targets_.data(), last_N_,
+                                                cfg_.vocab_size, &valid);
+  }
+  if (Nv == 0) return 0.0;
+  float* hv = Act(plan_.head_h);  // [Nv, d] the rows' final hidden states, compacted
+  const float* hN = Act(plan_.hN);
+#pragma omp parallel for schedule(static) if (Nv * d > (1 << 16))
+  for (int64_t r = 0; r < Nv; ++r)
+    std::memcpy(hv + r * d, hN + static_cast<int64_t>(rows_[r]) * d, static_cast<size_t>(d) * 4);
+  float* mx = Act(plan_.head_lse);  // running max, then the log-sum-exp
+  float* sum = Act(plan_.head_sum);
+  float* zt = Act(plan_.head_zt);
+  std::fill(mx, mx + Nv, -INFINITY);
+  std::fill(sum, sum + Nv, 0.0f);
+  std::fill(zt, zt + Nv, 0.0f);
+  const float* y = Act(plan_.head_y);
+  ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
+    for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
+      const int64_t rows = std::min(kHeadRows, Nv - r0);
+      HeadTile(hv + r0 * d, w, rows, c);
+#pragma omp parallel for schedule(static) if (rows * c > (1 << 15))
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* z = y + r * c;
+        const int64_t n = r0 + r;
+        float bm = -INFINITY;
+#pragma omp simd reduction(max : bm)
+        for (int64_t j = 0; j < c; ++j) bm = std::max(bm, z[j]);
+        const float m = std::max(mx[n], bm);
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < c; ++j) s += cpu::FastExp(z[j] - m);
+        sum[n] = sum[n] * cpu::FastExp(mx[n] - m) + s;
+        mx[n] = m;
+        const int64_t target = targets_[rows_[n]];
+        if (target >= v0 && target < v0 + c) zt[n] = z[target - v0];
+      }
+    }
   });
+  double total = 0;
+  for (int64_t n = 0; n < Nv; ++n) {
+    mx[n] += std::log(sum[n]);  // the row's log-sum-exp, for the backward
+    total += static_cast<double>(mx[n]) - static_cast<double>(zt[n]);
+  }
+  return total;
 }
 
-void Gemma4Engine::FrozenHeadBackward(const ParamTable& t, const float* dlogits, float* dhN,
-                                      int64_t N) {
+// d(scale * loss)/d(pre-softcap logits) = scale * (softmax - onehot) * (1 - (z/cap)^2), tile by
+// tile from the forward's log-sum-exp; into dhN (every row: zero where no target) and the head's
+// gradient.
+void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN, int64_t N) {
   const Ops& ops = OpsFor(backend_);
-  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
-  ForEachFrozenHeadBlock(t, [&](int64_t v0, int64_t c) {
-#pragma omp parallel for schedule(static) if (N * c > (1 << 16))
-    for (int64_t n = 0; n < N; ++n)
-      std::memcpy(head_y_.data() + n * c, dlogits + n * V + v0, static_cast<size_t>(c) * 4);
-    ops.LinearBackward(Act(a_hN_), head_w_.data(), head_y_.data(), dhN, nullptr, N, d, c, 1.0f,
-                       v0 > 0);
+  const int64_t Nv = static_cast<int64_t>(rows_.size()), d = cfg_.hidden_size;
+  if (options_.whole_logits || backend_ == Backend::kRef) {
+    const int64_t V = cfg_.vocab_size;
+    ops.CrossEntropySoftcapBackward(whole_logits_.data(), targets_.data(), N, V,
+                                    static_cast<float>(cfg_.final_logit_softcapping), scale);
+    std::vector<float> block;
+    ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
+      block.resize(static_cast<size_t>(N * c));
+      for (int64_t n = 0; n < N; ++n)
+        std::memcpy(block.data() + n * c, whole_logits_.data() + n * V + v0,
+                    static_cast<size_t>(c) * sizeof(float));
+      float* dw = t.grad[reg_.embed_tokens];
+      ops.LinearBackward(Act(plan_.hN), w, block.data(), dhN, dw ? dw + v0 * d : nullptr, N, d, c,
+                         1.0f, v0 > 0);
+    });
+    return;
+  }
+  std::memset(dhN, 0, static_cast<size_t>(N * d) * sizeof(float));
+  if (Nv == 0) return;
+  const float* hv = Act(plan_.head_h);
+  float* dhv = Act(plan_.head_dh);
+  const float* lse = Act(plan_.head_lse);
+  float* y = Act(plan_.head_y);
+  float* dw_head = t.grad[reg_.embed_tokens];
+  const float cap = static_cast<float>(cfg_.final_logit_softcapping);
+  const float inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
+  ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
+    for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
+      const int64_t rows = std::min(kHeadRows, Nv - r0);
+      HeadTile(hv + r0 * d, w, rows, c);
+#pragma omp parallel for schedule(static) if (rows * c > (1 << 15))
+      for (int64_t r = 0; r < rows; ++r) {
+        float* z = y + r * c;
+        const float l = lse[r0 + r];
+        const int64_t target = targets_[rows_[r0 + r]] - v0;
+        const bool here = target >= 0 && target < c;
+        const float zt = here ? z[target] : 0.0f;
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+          const float u = z[j] * inv_cap;
+          z[j] = cpu::FastExp(z[j] - l) * scale * (1.0f - u * u);
+        }
+        if (here) {
+          const float u = zt * inv_cap;
+          z[target] -= scale * (1.0f - u * u);
+        }
+      }
+      ops.LinearBackward(hv + r0 * d, w, y, dhv + r0 * d, dw_head ? dw_head + v0 * d : nullptr,
+                         rows, d, c, 1.0f, v0 > 0);
+    }
+  });
+#pragma omp parallel for schedule(static) if (Nv * d > (1 << 16))
+  for (int64_t r = 0; r < Nv; ++r)
+    std::memcpy(dhN + static_cast<int64_t>(rows_[r]) * d, dhv + r * d, static_cast<size_t>(d) * 4);
+}
+
+void Gemma4Engine::ComputeLogits(const float* params, float* out) {
+  ComputeLogits(ArenaTable(params, arena_grads_, arena_trainable_), out);
+}
+
+void Gemma4Engine::ComputeLogits(const ParamTable& t, float* out) {
+  const int64_t N = last_N_, d = cfg_.hidden_size, V = cfg_.vocab_size;
+  const float* hN = Act(plan_.hN);
+  const float* y = Act(plan_.head_y);
+  ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
+    for (int64_t r0 = 0; r0 < N; r0 += kHeadRows) {
+      const int64_t rows = std::min(kHeadRows, N - r0);
+      HeadTile(hN + r0 * d, w, rows, c);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(out + (r0 + r) * V + v0, y + r * c, static_cast<size_t>(c) * sizeof(float));
+    }
   });
 }
 
 void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scale,
                             ParamHooks* hooks) {
   ST_CHECK(b.labels != nullptr) << "Backward needs labels";
+  ST_CHECK(options_.training) << "Backward on an engine planned for the forward only";
   const Ops& ops = OpsFor(backend_);
   const int64_t N = b.B * b.T, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
-  const int64_t P = cfg_.hidden_size_per_layer_input, V = cfg_.vocab_size;
+  const int64_t P = cfg_.hidden_size_per_layer_input;
   auto W = [&](int idx) { return t.param[idx]; };
   auto G = [&](int idx) -> float* { return idx >= 0 ? t.grad[idx] : nullptr; };
 
-  // Loss -> logits (in place) -> final norm.
-  float* dlogits = Act(a_logits_);
-  ops.CrossEntropySoftcapBackward(dlogits, targets_.data(), N, V,
-                                  static_cast<float>(cfg_.final_logit_softcapping), grad_scale);
-  float* dhN = Act(g_dn_);
-  if (const float* head = W(reg_.embed_tokens))
-    ops.LinearBackward(Act(a_hN_), head, dlogits, dhN, G(reg_.embed_tokens), N, d, V, 1.0f, false);
-  else
-    FrozenHeadBackward(t, dlogits, dhN, N);
-  float* dx = Act(g_dx_);
-  ops.RmsNormBackward(Act(resid_[L]), W(reg_.norm), Act(a_rstd_f_), dhN, dx, G(reg_.norm), N, d,
-                      false);
+  // Loss -> head (tile by tile) -> final norm.
+  float* dhN = Act(plan_.dn);
+  HeadLossBackward(t, grad_scale, dhN, N);
+  float* dx = Act(plan_.dx);
+  ops.RmsNormBackward(Act(plan_.resid[L]), W(reg_.norm), Act(plan_.rstd_f), dhN, dx, G(reg_.norm),
+                      N, d, false);
 
-  // K/V gradient accumulators of the owner layers start at zero; consumers add into them.
+  // K/V gradient accumulators of the layers others share start at zero; consumers add into them
+  // (the shared accumulator of the others is cleared when each such layer's backward starts).
   for (int64_t i = 0; i < L; ++i)
-    if (!cfg_.IsKvShared(i)) {
-      std::memset(Act(g_dk_[i]), 0, static_cast<size_t>(N * cfg_.KvHeads(i) * cfg_.HeadDim(i)) * 4);
-      std::memset(Act(g_dv_[i]), 0, static_cast<size_t>(N * cfg_.KvHeads(i) * cfg_.HeadDim(i)) * 4);
+    if (plan_.kv_source[i]) {
+      const size_t bytes = static_cast<size_t>(N * cfg_.KvHeads(i) * cfg_.HeadDim(i)) * 4;
+      std::memset(Act(plan_.dk[i]), 0, bytes);
+      std::memset(Act(plan_.dv[i]), 0, bytes);
     }
 
   AttnMask full_mask{b.attention_mask, 0};
@@ -438,8 +655,8 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
   // dx now holds d loss / d x0 through the residual stream; add the PLE projection path.
   const int32_t* ids = b.input_ids;
   if (P > 0) {
-    const float* dple = Act(g_dple_);  // [L,N,P]
-    float* dsum = Act(g_dp1_);         // [N, L*P] gradient of (proj_normed + tok)
+    const float* dple = Act(plan_.dple);  // [L,N,P]
+    float* dsum = Act(plan_.dp1);         // [N, L*P] gradient of (proj_normed + tok)
     const float s = static_cast<float>(std::pow(2.0, -0.5));
 #pragma omp parallel for schedule(static) if (N * L * P > (1 << 15))
     for (int64_t n = 0; n < N; ++n)
@@ -448,10 +665,10 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
     if (float* g = G(reg_.embed_tokens_per_layer))
       ops.EmbeddingBackward(ids, dsum, g, N, L * P, std::sqrt(static_cast<float>(P)),
                             static_cast<int32_t>(cfg_.pad_token_id));
-    float* dproj = Act(g_dp2_);
-    ops.RmsNormBackward(Act(a_proj_), W(reg_.per_layer_projection_norm), Act(a_rstd_pln_), dsum,
-                        dproj, G(reg_.per_layer_projection_norm), N * L, P, false);
-    ops.LinearBackward(Act(resid_[0]), W(reg_.per_layer_model_projection), dproj, dx,
+    float* dproj = Act(plan_.dp2);
+    ops.RmsNormBackward(Act(plan_.proj), W(reg_.per_layer_projection_norm), Act(plan_.rstd_pln),
+                        dsum, dproj, G(reg_.per_layer_projection_norm), N * L, P, false);
+    ops.LinearBackward(Act(plan_.resid[0]), W(reg_.per_layer_model_projection), dproj, dx,
                        G(reg_.per_layer_model_projection), N, d, L * P,
                        1.0f / std::sqrt(static_cast<float>(d)), true);
   }
@@ -464,7 +681,7 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
                                  const AttnMask& mask, ParamHooks* hooks) {
   const Ops& ops = OpsFor(backend_);
   const LayerParams& lp = reg_.layers[i];
-  const LayerActs& a = la_[i];
+  const ActivationPlan::LayerActs& a = plan_.layers[i];
   const int64_t B = b.B, T = b.T, N = B * T, d = cfg_.hidden_size;
   const int64_t H = cfg_.num_attention_heads, D = cfg_.HeadDim(i), Hkv = cfg_.KvHeads(i);
   const int64_t F = cfg_.MlpWidth(i), P = cfg_.hidden_size_per_layer_input;
@@ -474,30 +691,46 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
   auto W = [&](int idx) { return t.param[idx]; };
   auto G = [&](int idx) -> float* { return idx >= 0 ? t.grad[idx] : nullptr; };
   using Part = ParamHooks::Part;
+  const ActivationCheckpointing ckpt = options_.checkpointing;
   if (hooks) hooks->BeforeBackward(i, Part::kLayer);
-  float* dx = Act(g_dx_);  // in: d resid[i+1]; out: d resid[i]
-  float* dn = Act(g_dn_);
-  float* dh = Act(g_dh_);
+  if (ckpt == ActivationCheckpointing::kLayer) {
+    // The layer's activations were not kept: its parameters (both parts) are in place for the
+    // backward, so the forward runs again from the kept input first (no hooks: nothing new to
+    // gather; the output it writes equals the kept next input).
+    if (hooks) hooks->BeforeBackward(i, Part::kMlp);
+    LayerForward(i, t, b, mask, nullptr);
+  }
+  if (!cfg_.IsKvShared(i) && !plan_.kv_source[i]) {  // the shared accumulator starts at zero
+    const size_t bytes = static_cast<size_t>(N * Hkv * D) * sizeof(float);
+    std::memset(Act(plan_.dk[i]), 0, bytes);
+    std::memset(Act(plan_.dv[i]), 0, bytes);
+  }
+  float* dx = Act(plan_.dx);  // in: d resid[i+1]; out: d resid[i]
+  float* dn = Act(plan_.dn);
+  float* dh = Act(plan_.dh);
 
   ops.Scale(dx, W(lp.layer_scalar)[0], N * d);  // d x3
   if (P > 0) {
-    float* dg2 = Act(g_dp1_);
-    float* dpg = Act(g_dp2_);
+    float* dg2 = Act(plan_.dp1);
+    float* dpg = Act(plan_.dp2);
     ops.RmsNormBackward(Act(a.u), W(lp.post_per_layer_input_norm), Act(a.rstd_pp), dx, dn,
                         G(lp.post_per_layer_input_norm), N, d, false);
     ops.LinearBackward(Act(a.g2), W(lp.per_layer_projection), dn, dg2, G(lp.per_layer_projection),
                        N, P, d, 1.0f, false);
-    ops.GeluMulBackward(Act(a.pg), Act(a_ple_) + i * N * P, dg2, dpg, Act(g_dple_) + i * N * P,
-                        N * P);
+    ops.GeluMulBackward(Act(a.pg), Act(plan_.ple) + i * N * P, dg2, dpg,
+                        Act(plan_.dple) + i * N * P, N * P);
     ops.LinearBackward(Act(a.x2), W(lp.per_layer_input_gate), dpg, dx, G(lp.per_layer_input_gate),
                        N, d, P, 1.0f, true);  // dx = d x2
   }
   // MLP block.
-  float* dhm = Act(g_df1_);
-  float* dgate = Act(g_df2_);
+  float* dhm = Act(plan_.df1);
+  float* dgate = Act(plan_.df2);
   ops.RmsNormBackward(Act(a.m), W(lp.post_feedforward_layernorm), Act(a.rstd_pff), dx, dn,
                       G(lp.post_feedforward_layernorm), N, d, false);
-  if (hooks) hooks->BeforeBackward(i, Part::kMlp);
+  if (ckpt != ActivationCheckpointing::kLayer) {
+    if (hooks) hooks->BeforeBackward(i, Part::kMlp);
+    if (ckpt == ActivationCheckpointing::kMlp) MlpForward(i, t, N);  // gate, up, hm again
+  }
   ops.LinearBackward(Act(a.hm), W(lp.down_proj), dn, dhm, G(lp.down_proj), N, F, d, 1.0f, false);
   ops.GeluMulBackward(Act(a.gate), Act(a.up), dhm, dgate, /*db=*/dhm, N * F);  // dhm -> d up
   ops.LinearBackward(Act(a.h2), W(lp.gate_proj), dgate, dh, G(lp.gate_proj), N, d, F, 1.0f, false);
@@ -506,16 +739,16 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
   ops.RmsNormBackward(Act(a.x1), W(lp.pre_feedforward_layernorm), Act(a.rstd_pf), dh, dx,
                       G(lp.pre_feedforward_layernorm), N, d, true);  // dx = d x1
   // Attention block.
-  float* dq = Act(g_dq_);
-  float* dout = Act(g_do_);
+  float* dq = Act(plan_.dq);
+  float* dout = Act(plan_.dout);
   ops.RmsNormBackward(Act(a.a), W(lp.post_attention_layernorm), Act(a.rstd_pa), dx, dn,
                       G(lp.post_attention_layernorm), N, d, false);
   ops.LinearBackward(Act(a.o), W(lp.o_proj), dn, dout, G(lp.o_proj), N, H * D, d, 1.0f, false);
-  const LayerActs& src = la_[cfg_.KvSourceLayer(i)];
-  float* dk = Act(g_dk_[i]);
-  float* dv = Act(g_dv_[i]);
-  ops.AttentionBackward(Act(a.q), Act(src.k), Act(src.v), Act(a.probs), dout, dq, dk, dv, B, T, H,
-                        Hkv, D, mask);
+  const ActivationPlan::LayerActs& src = plan_.layers[cfg_.KvSourceLayer(i)];
+  float* dk = Act(plan_.dk[i]);
+  float* dv = Act(plan_.dv[i]);
+  ops.AttentionBackward(Act(a.q), Act(src.k), Act(src.v), Act(a.o), Act(a.lse), dout, dq, dk, dv, B,
+                        T, H, Hkv, D, mask);
   ops.Rope(dq, cos_t, sin_t, B, T, H, D, true);
   float* dq_raw = dout;  // d o is consumed
   ops.RmsNormBackward(Act(a.q_raw), W(lp.q_norm), Act(a.rstd_q), dq, dq_raw, G(lp.q_norm), N * H, D,
@@ -531,7 +764,7 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
     ops.RmsNormBackward(Act(a.v_raw), nullptr, Act(a.rstd_v), dv, draw, nullptr, N * Hkv, D, false);
     ops.LinearBackward(Act(a.h1), W(lp.v_proj), draw, dh, G(lp.v_proj), N, d, Hkv * D, 1.0f, true);
   }
-  ops.RmsNormBackward(Act(resid_[i]), W(lp.input_layernorm), Act(a.rstd_in), dh, dx,
+  ops.RmsNormBackward(Act(plan_.resid[i]), W(lp.input_layernorm), Act(a.rstd_in), dh, dx,
                       G(lp.input_layernorm), N, d, true);  // dx = d resid[i]
   if (hooks) hooks->AfterBackward(i, Part::kLayer);
 }
@@ -548,31 +781,69 @@ double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t 
   return flops;
 }
 
-double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq) {
-  // Mirrors PlanActivations() to within small per-token terms.
-  const double B = static_cast<double>(max_batch), T = static_cast<double>(max_seq), N = B * T;
-  const double d = static_cast<double>(cfg.hidden_size),
-               H = static_cast<double>(cfg.num_attention_heads);
-  const double P = static_cast<double>(cfg.hidden_size_per_layer_input);
-  const double L = static_cast<double>(cfg.num_hidden_layers);
-  double floats = (L + 1) * N * d + 2 * N * L * P + 2 * N * static_cast<double>(cfg.vocab_size);
+namespace {
+
+// The engine's bytes outside the activations proper: the head's tile of logits, the attention
+// kernels' per-thread and per-call scratch, RoPE tables, the targets and the head's row list.
+double WorkspaceBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int64_t B, int64_t T,
+                      const EngineOptions& options, int threads) {
+  double bytes = static_cast<double>(plan.layout.entry(plan.head_y).numel) * sizeof(float);
+  int64_t max_kv = 1, max_d = 1, sliding_d = 0, full_d = 0;
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const double D = static_cast<double>(cfg.HeadDim(i)), kv = static_cast<double>(cfg.KvHeads(i));
-    floats += N * (8 * d + 3 * H * D + 4 * kv * D + 3 * static_cast<double>(cfg.MlpWidth(i)) + P) +
-              B * H * T * T;
+    max_kv = std::max(max_kv, cfg.KvHeads(i));
+    max_d = std::max(max_d, cfg.HeadDim(i));
+    (cfg.layer_types[i] == LayerType::kFull ? full_d : sliding_d) = cfg.HeadDim(i);
   }
-  return floats * sizeof(float);
+  if (options.backend == Backend::kCpu)
+    bytes += cpu::AttentionWorkspaceBytes(B, T, cfg.num_attention_heads, max_kv, max_d,
+                                          std::max(1, threads));
+  bytes += static_cast<double>(T) * static_cast<double>(sliding_d + full_d) * sizeof(float);
+  bytes += static_cast<double>(B * T) * 2 * sizeof(int32_t);
+  return bytes;
 }
 
-Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq) {
-  const double need = EstimateActivationBytes(cfg, max_batch, max_seq);
+bool AbsurdShape(int64_t B, int64_t T) {
+  return B < 1 || T < 1 || static_cast<double>(B) * static_cast<double>(T) > 1e10;
+}
+
+}  // namespace
+
+double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+                               const EngineOptions& options, int threads) {
+  // The plan holds offsets in int64: for absurd shapes, a lower bound instead of the plan.
+  if (AbsurdShape(max_batch, max_seq))
+    return static_cast<double>(max_batch) * static_cast<double>(max_seq) *
+           static_cast<double>(cfg.hidden_size) * static_cast<double>(cfg.num_hidden_layers) * 4.0;
+  const ActivationPlan plan = ActivationPlan::Build(cfg, max_batch, max_seq, options);
+  const double head_tile = static_cast<double>(plan.layout.entry(plan.head_y).numel) * 4.0;
+  return static_cast<double>(plan.layout.total()) * sizeof(float) - head_tile +
+         WorkspaceBytes(cfg, plan, max_batch, max_seq, options, threads);
+}
+
+double EstimateWorkspaceBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+                              const EngineOptions& options, int threads) {
+  if (AbsurdShape(max_batch, max_seq)) return 0;
+  const ActivationPlan plan = ActivationPlan::Build(cfg, max_batch, max_seq, options);
+  return WorkspaceBytes(cfg, plan, max_batch, max_seq, options, threads);
+}
+
+double FrozenHeadBytes(const Gemma4Config& cfg) {
+  return static_cast<double>(kHeadBlock) * static_cast<double>(cfg.hidden_size) * sizeof(float);
+}
+
+Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+                             const EngineOptions& options) {
+  const double need = EstimateActivationBytes(cfg, max_batch, max_seq, options, cpu::NumThreads());
   const double have =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > have)
     return InvalidArgument(StrCat(
         "a batch of ", max_batch, " x ", max_seq, " tokens needs about ",
         static_cast<int64_t>(need / (1 << 30)), " GiB of activations, more than this machine's ",
-        static_cast<int64_t>(have / (1 << 30)), " GiB; lower the batch size or --max-seq-len"));
+        static_cast<int64_t>(have / (1 << 30)), " GiB; lower the batch size or --max-seq-len",
+        options.training && options.checkpointing != ActivationCheckpointing::kLayer
+            ? ", or keep fewer activations (--activation-checkpointing layer)"
+            : ""));
   return Status::Ok();
 }
 

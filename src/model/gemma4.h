@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/attn_mask.h"
 #include "model/config.h"
@@ -64,34 +66,99 @@ class ParamHooks {
   virtual void AfterBackward(int64_t /*layer*/, Part /*part*/) {}
 };
 
-// The bytes of the activation arena Gemma4Engine(cfg, max_batch, max_seq) plans, estimated in
-// floating point so that absurd sizes cannot overflow; attention probabilities grow as T^2.
-double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq);
+// What the backward recomputes instead of keeping (--activation-checkpointing): kNone keeps every
+// layer's activations; kMlp keeps all but each MLP's three [N, F] intermediates (gate, up and
+// their product), recomputed from the MLP's input when its backward starts; kLayer keeps only each
+// layer's input (and the K/V that later layers share) and reruns the whole layer forward before
+// its backward. The recompute runs the same kernels on the same inputs, so the gradients are bit
+// for bit those of kNone.
+enum class ActivationCheckpointing { kNone, kMlp, kLayer };
+StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string& name);
+const char* ActivationCheckpointingName(ActivationCheckpointing c);
+
+// What an engine is planned for beyond its shape.
+struct EngineOptions {
+  Backend backend = Backend::kCpu;
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  bool training = true;  // false: forward only (evaluate); one layer's activations at a time
+  // The loss from the whole [B*T, V] logits and the backend's plain cross-entropy kernels instead
+  // of tiles: the oracle tests compare the tiled head with (always so for Backend::kRef).
+  bool whole_logits = false;
+};
+
+// The language-model head and its loss work in tiles of kHeadRows target rows x kHeadBlock
+// vocabulary entries (with the final softcap and an online log-sum-exp per row): no [B*T, V]
+// logits buffer exists, in training or evaluation. A frozen embed_tokens (FrozenWeights) is read
+// from the source one vocabulary block at a time.
+constexpr int64_t kHeadBlock = 4096;
+constexpr int64_t kHeadRows = 2048;
+
+// The bytes an engine planned for (cfg, max_batch, max_seq, options) holds: its activation arena,
+// the attention kernels' per-thread workspace (`threads` of them), RoPE tables and the loss's
+// per-row state; the frozen head's weight block is not included (FrozenHeadBytes). Floating point,
+// so that absurd sizes cannot overflow.
+double EstimateActivationBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+                               const EngineOptions& options = {}, int threads = 1);
+// The part of that estimate that is workspace rather than activations: the head's logits tile,
+// the attention kernels' scratch, RoPE tables, per-token indices.
+double EstimateWorkspaceBytes(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+                              const EngineOptions& options = {}, int threads = 1);
+// The fp32 block of a frozen tied head the engine converts into (kHeadBlock rows of width d).
+double FrozenHeadBytes(const Gemma4Config& cfg);
 // InvalidArgument when that estimate exceeds the machine's physical memory: a flag such as
 // --max-seq-len 2000000000 is then a message instead of an allocation failure in the engine.
-Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq);
+Status CheckActivationMemory(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+                             const EngineOptions& options = {});
 
-// Vocabulary rows per block of the tied LM head when embed_tokens is frozen (FrozenWeights): the
-// engine then holds one block of weights [block, d] and its logits [B*T, block] in fp32.
-constexpr int64_t kFrozenHeadBlock = 8192;
+// Where each activation lives in the engine's arena (indices into `layout`). Layers whose
+// activations the plan does not keep (checkpointing, forward only) share one set sized for the
+// largest layer; the K/V a later layer shares always has its own.
+struct ActivationPlan {
+  struct LayerActs {
+    int h1, rstd_in, q_raw, rstd_q, q, k_raw = -1, rstd_k = -1, k = -1, v_raw = -1, rstd_v = -1,
+                                       v = -1, lse, o, a, rstd_pa, x1, h2, rstd_pf, gate, up, hm, m,
+                                       rstd_pff, x2, pg, g2, u, rstd_pp;
+  };
+  ArenaLayout layout;
+  std::vector<int> resid;                  // L+1 residual stream snapshots [N,d]
+  std::vector<LayerActs> layers;           // [L]
+  int proj = -1, rstd_pln = -1, ple = -1;  // PLE: [N,L,P] projection, [N*L], [L,N,P]
+  int hN = -1, rstd_f = -1;
+  // The head's compacted target rows and their gradient [N,d], one tile of logits [rows, block],
+  // and per row the running maximum (then log-sum-exp), running sum and target logit [N].
+  int head_h = -1, head_dh = -1, head_y = -1, head_lse = -1, head_sum = -1, head_zt = -1;
+  // Backward scratch (shared by all layers).
+  int dx = -1, dn = -1, dh = -1, dq = -1, dout = -1, df1 = -1, df2 = -1, dp1 = -1, dp2 = -1,
+      dple = -1;
+  std::vector<int> dk, dv;      // per layer: the K/V gradient accumulator it adds to
+  std::vector<bool> kv_source;  // per layer: later layers read its K/V
+
+  static ActivationPlan Build(const Gemma4Config& cfg, int64_t B, int64_t T,
+                              const EngineOptions& options);
+};
 
 class Gemma4Engine {
  public:
   Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
-               Backend backend = Backend::kCpu);
+               const EngineOptions& options);
+  Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
+               Backend backend = Backend::kCpu)
+      : Gemma4Engine(cfg, max_batch, max_seq, EngineOptions{backend}) {}
 
   const Gemma4Config& config() const { return cfg_; }
   const ParamRegistry& registry() const { return reg_; }
   int64_t max_batch() const { return max_B_; }
   int64_t max_seq() const { return max_T_; }
+  const EngineOptions& options() const { return options_; }
   // Bytes of the activation arena (for memory reports).
   size_t ActivationBytes() const { return static_cast<size_t>(acts_.size()) * sizeof(float); }
 
-  // Runs the model; fills logits() ([B,T,V], after softcap) and, with labels, the loss.
+  // Runs the model up to the final norm and, with labels, the loss (the head in tiles: no logits
+  // are kept). Only a training engine can run Backward after it.
   ForwardResult Forward(const ParamTable& table, const Batch& batch, ParamHooks* hooks = nullptr);
   // Accumulates d(grad_scale * loss_sum)/d(param) into every non-null table.grad entry. Must follow
-  // Forward on the same batch; destroys logits(). For a mean loss pass grad_scale = 1 / num_valid
-  // (of all ranks' tokens).
+  // Forward on the same batch. For a mean loss pass grad_scale = 1 / num_valid (of all ranks'
+  // tokens).
   void Backward(const ParamTable& table, const Batch& batch, float grad_scale,
                 ParamHooks* hooks = nullptr);
 
@@ -101,31 +168,36 @@ class Gemma4Engine {
   void Backward(const float* params, float* grads, const Batch& batch, float grad_scale,
                 const std::vector<bool>* trainable = nullptr);
 
-  const float* logits() const { return Act(a_logits_); }
+  // The softcapped logits [B*T, V] of the last Forward into `out` (for tests and tools that
+  // compare logits; training never builds them).
+  void ComputeLogits(const ParamTable& table, float* out);
+  void ComputeLogits(const float* params, float* out);
   // Residual stream after decoder layer i ([B,T,d]); i = -1 gives the scaled embeddings.
-  const float* hidden(int64_t layer) const { return Act(resid_[layer + 1]); }
-  const float* final_hidden() const { return Act(a_hN_); }  // after the final norm
+  const float* hidden(int64_t layer) const { return Act(plan_.resid[layer + 1]); }
+  const float* final_hidden() const { return Act(plan_.hN); }  // after the final norm
 
  private:
-  struct LayerActs {
-    int h1, rstd_in, q_raw, rstd_q, q, k_raw = -1, rstd_k = -1, k = -1, v_raw = -1, rstd_v = -1,
-                                       v = -1, probs, o, a, rstd_pa, x1, h2, rstd_pf, gate, up, hm,
-                                       m, rstd_pff, x2, pg, g2, u, rstd_pp;
-  };
-
-  float* Act(int idx) { return acts_.data() + act_layout_.entry(idx).offset; }
-  const float* Act(int idx) const { return acts_.data() + act_layout_.entry(idx).offset; }
-  void PlanActivations();
+  float* Act(int idx) { return acts_.data() + plan_.layout.entry(idx).offset; }
+  const float* Act(int idx) const { return acts_.data() + plan_.layout.entry(idx).offset; }
   void BuildRopeTables();
 
   void LayerForward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                     ParamHooks* hooks);
   void LayerBackward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                      ParamHooks* hooks);
-  // The tied LM head over a frozen embed_tokens that the table serves as rows (no fp32 table).
-  void ForEachFrozenHeadBlock(const ParamTable& t, const std::function<void(int64_t, int64_t)>& fn);
-  void FrozenHeadForward(const ParamTable& t, const float* hN, float* logits, int64_t N);
-  void FrozenHeadBackward(const ParamTable& t, const float* dlogits, float* dhN, int64_t N);
+  // The MLP's gate, up and their product from its input h2 (forward, and the kMlp recompute).
+  void MlpForward(int64_t i, const ParamTable& t, int64_t N);
+  // Calls fn(v0, c, w) for each vocabulary block [v0, v0 + c) of the tied head, w its fp32 rows:
+  // the table's own, or (embed_tokens frozen) read from the source into a scratch block.
+  // (A template defined in gemma4.cpp: a std::function would allocate its capture.)
+  template <typename Fn>
+  void ForEachHeadBlock(const ParamTable& t, Fn&& fn);
+  // The head's logits of `rows` target rows (compacted, [rows, d] at hv) against one vocabulary
+  // block, softcapped, into the tile scratch [rows, c].
+  void HeadTile(const float* hv, const float* w, int64_t rows, int64_t c);
+  // The loss over the compacted rows, and its backward (recomputing each tile).
+  double HeadLossForward(const ParamTable& t);
+  void HeadLossBackward(const ParamTable& t, float grad_scale, float* dhN, int64_t N);
   // The table of the arena convenience calls, rebuilt only when the arenas change.
   const ParamTable& ArenaTable(const float* params, float* grads,
                                const std::vector<bool>* trainable);
@@ -133,21 +205,18 @@ class Gemma4Engine {
   Gemma4Config cfg_;
   ParamRegistry reg_;
   int64_t max_B_, max_T_;
+  EngineOptions options_;
   Backend backend_;
 
-  ArenaLayout act_layout_;
+  ActivationPlan plan_;
   AlignedBuffer acts_;
-  std::vector<int> resid_;  // L+1 residual stream snapshots [N,d]
-  std::vector<LayerActs> la_;
-  int a_proj_ = -1, a_rstd_pln_ = -1, a_ple_ = -1;  // PLE: [N,L,P] projection, [N*L], [L,N,P]
-  int a_hN_, a_rstd_f_, a_logits_;
-  // Backward scratch (shared by all layers).
-  int g_dx_, g_dn_, g_dh_, g_dq_, g_do_, g_df1_, g_df2_, g_dp1_, g_dp2_, g_dple_ = -1;
-  std::vector<int> g_dk_, g_dv_;  // per layer: index of the K/V gradient accumulator it adds to
+  int64_t last_N_ = 0;  // tokens of the last Forward
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
-  std::vector<int32_t> targets_;   // [N] labels shifted left by one, -100 at each row's end
-  AlignedBuffer head_w_, head_y_;  // frozen head: one vocabulary block's weights and logits
+  std::vector<int32_t> targets_;     // [N] labels shifted left by one, -100 at each row's end
+  std::vector<int32_t> rows_;        // the rows with a target, in order (the head's compacted rows)
+  AlignedBuffer head_w_;             // frozen head: one vocabulary block's weights (fp32)
+  std::vector<float> whole_logits_;  // the oracle's [N, V] logits (EngineOptions::whole_logits)
   ParamTable arena_table_;
   const float* arena_params_ = nullptr;
   float* arena_grads_ = nullptr;

@@ -5,6 +5,7 @@
 
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
+#include "model/weights.h"
 
 namespace st {
 
@@ -15,10 +16,11 @@ double WorkerMemoryEstimate::total() const {
 }
 
 WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const ParamRegistry& registry,
-                                          const std::vector<bool>& trainable, int world,
-                                          int64_t batch, int64_t seq, bool layer_units) {
+                                          const std::vector<bool>& trainable,
+                                          const WorkerShape& shape) {
   const int64_t L = config.num_hidden_layers;
-  const double W = std::max(1, world), f32 = sizeof(float);
+  const bool layer_units = shape.layer_units;
+  const double W = std::max(1, shape.world), f32 = sizeof(float);
   // FSDP's units (as FsdpModel builds them) and the frozen layer groups (as FrozenWeights).
   std::vector<double> unit(L + 1, 0), frozen_layer(L, 0);
   double frozen_root = 0, lookup = 0, largest_trained = 0;
@@ -54,25 +56,52 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   const double largest_frozen_layer =
       frozen_layer.empty() ? 0 : *std::max_element(frozen_layer.begin(), frozen_layer.end());
   WorkerMemoryEstimate e;
-  e.sharded_state = 4 * f32 * shards;
+  e.checkpointing = shape.checkpointing;
+  e.params = e.grads = f32 * shards;
+  e.optimizer = 2 * f32 * shards;
   e.gathered_units = gathered(unit[0]) + 2 * gathered(largest_unit);
   e.frozen_fp32 = f32 * (frozen_root + 2 * largest_frozen_layer);
-  e.activations = EstimateActivationBytes(config, batch, seq);
-  if (!trainable[registry.embed_tokens])  // the frozen head's block of weights and logits
-    e.activations += f32 * static_cast<double>(kFrozenHeadBlock) *
-                     static_cast<double>(config.hidden_size + batch * seq);
-  e.checkpoint_writer = 2 * f32 * largest_trained;  // one tensor gathered, and its pieces
+  EngineOptions engine;
+  engine.checkpointing = shape.checkpointing;
+  const double engine_bytes =
+      EstimateActivationBytes(config, shape.batch, shape.seq, engine, shape.threads);
+  e.workspace = EstimateWorkspaceBytes(config, shape.batch, shape.seq, engine, shape.threads);
+  e.activations = engine_bytes - e.workspace;
+  if (!trainable[registry.embed_tokens]) e.workspace += FrozenHeadBytes(config);
+  // The checkpoint writer: one trained tensor gathered (FsdpModel::GatherTensor's receive buffer
+  // and this rank's piece) and assembled for the file.
+  e.workspace += (2 + 1 / W) * f32 * largest_trained;
   e.frozen_lookup_elements = lookup;
   e.terms = {
-      {"sharded fp32 master weights, gradients and 2 AdamW moments", e.sharded_state},
+      {"sharded fp32 parameters", e.params},
+      {"sharded gradients", e.grads},
+      {"sharded AdamW state (2 moments)", e.optimizer},
       {"gathered FSDP units (the root for the whole step, two layer slots)", e.gathered_units},
       {"frozen tensors converted to fp32 (outside the layers, two layers)", e.frozen_fp32},
-      {"activations", e.activations},
-      {"the checkpoint writer's largest tensor", e.checkpoint_writer},
+      {StrCat("activations (--activation-checkpointing ",
+              ActivationCheckpointingName(shape.checkpointing), ")"),
+       e.activations},
+      {"workspace (attention blocks, loss tiles, frozen head block, checkpoint writer)",
+       e.workspace},
+      {"runtime (binary, libraries, thread and communication buffers)", e.runtime},
   };
   std::stable_sort(e.terms.begin(), e.terms.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
   return e;
+}
+
+ActivationCheckpointing ChooseCheckpointing(const Gemma4Config& config,
+                                            const ParamRegistry& registry,
+                                            const std::vector<bool>& trainable, WorkerShape shape,
+                                            int local_workers, size_t available_bytes) {
+  if (available_bytes == 0) return ActivationCheckpointing::kNone;
+  for (ActivationCheckpointing c : {ActivationCheckpointing::kNone, ActivationCheckpointing::kMlp,
+                                    ActivationCheckpointing::kLayer}) {
+    shape.checkpointing = c;
+    const WorkerMemoryEstimate e = EstimateWorkerMemory(config, registry, trainable, shape);
+    if (e.total() * std::max(1, local_workers) <= static_cast<double>(available_bytes)) return c;
+  }
+  return ActivationCheckpointing::kLayer;
 }
 
 Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
@@ -90,7 +119,12 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
   const int fit = static_cast<int>(static_cast<double>(available_bytes) / estimate.total());
   std::string advice;
   if (what.find("activations") != std::string::npos)
-    advice = "lower --batch-size-per-device or --max-seq-len";
+    advice = estimate.checkpointing == ActivationCheckpointing::kLayer
+                 ? "lower --batch-size-per-device or --max-seq-len"
+                 : "keep fewer activations (--activation-checkpointing layer), or lower "
+                   "--batch-size-per-device or --max-seq-len";
+  else if (what.find("workspace") != std::string::npos)
+    advice = "lower --batch-size-per-device or --max-seq-len, or fewer --threads";
   else if (what.find("sharded") != std::string::npos || what.find("gathered") != std::string::npos)
     advice =
         "train fewer tensors (--freeze, e.g. '^(embed_tokens|layers\\.([0-9]|1[0-9]|2[0-9])\\.)' "
@@ -103,6 +137,60 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
   else
     advice = "even one worker does not fit: a smaller model, or a host with more memory";
   return ResourceExhausted(StrCat(line, ": ", advice));
+}
+
+}  // namespace st
+
+namespace st {
+
+double MappedFrozenBytes(const WeightSource& weights, const ParamRegistry& registry,
+                         const std::vector<bool>& trainable) {
+  double mapped = 0;
+  for (int i = 0; i < registry.layout.size(); ++i)
+    if (!trainable[i])
+      if (auto stored = weights.StoredBytes(i)) mapped += static_cast<double>(stored->bytes);
+  return mapped;
+}
+
+std::string FormatMemoryPlan(const WorkerMemoryEstimate& e, const WorkerShape& shape,
+                             int local_workers, double mapped_bytes, size_t available_bytes) {
+  const double mib = 1 << 20;
+  std::string out =
+      StrCat("memory plan per worker of ", shape.world, " (batch ", shape.batch, " x ", shape.seq,
+             " tokens, --fsdp-units ", shape.layer_units ? "layer" : "mlp",
+             ", --activation-checkpointing ", ActivationCheckpointingName(e.checkpointing), ", ",
+             shape.threads, " thread(s)):\n");
+  char line[256];
+  auto row = [&](const char* what, double bytes) {
+    std::snprintf(line, sizeof(line), "  %-34s %12.1f MiB\n", what, bytes / mib);
+    out += line;
+  };
+  row("parameters (fp32 shard)", e.params);
+  row("gradients (fp32 shard)", e.grads);
+  row("optimizer state (2 moments)", e.optimizer);
+  row("gathered units", e.gathered_units);
+  row("frozen tensors in fp32", e.frozen_fp32);
+  row("activations", e.activations);
+  row("workspace", e.workspace);
+  row("runtime", e.runtime);
+  row("total", e.total());
+  const double host = e.total() * std::max(1, local_workers) + mapped_bytes;
+  std::snprintf(line, sizeof(line),
+                "per host: %d worker(s) x %.1f MiB + frozen maps %.1f MiB (memory-mapped, shared) "
+                "= %.1f MiB",
+                std::max(1, local_workers), e.total() / mib, mapped_bytes / mib, host / mib);
+  out += line;
+  if (available_bytes > 0) {
+    std::snprintf(line, sizeof(line), " of %.1f MiB available: %s\n",
+                  static_cast<double>(available_bytes) / mib,
+                  e.total() * std::max(1, local_workers) <= static_cast<double>(available_bytes)
+                      ? "fits"
+                      : "does not fit");
+    out += line;
+  } else {
+    out += " (available memory unknown)\n";
+  }
+  return out;
 }
 
 }  // namespace st

@@ -27,6 +27,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"checkpoint_score_attribute", o.score_attribute},
           {"checkpoint_score_order", o.score_order},
           {"fsdp_units", o.fsdp_units},
+          {"activation_checkpointing", o.activation_checkpointing},
           {"freeze", o.freeze},
           {"save_dtype", o.save_dtype},
           {"max_shard_size", o.max_shard_size},

@@ -96,6 +96,8 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
                            "'");
   if (o.fsdp_units != "mlp" && o.fsdp_units != "layer")
     return InvalidArgument("--fsdp-units must be 'mlp' or 'layer', got '" + o.fsdp_units + "'");
+  if (o.activation_checkpointing != "auto")
+    ST_RETURN_IF_ERROR(ParseActivationCheckpointing(o.activation_checkpointing).status());
   if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
@@ -160,6 +162,15 @@ StatusOr<RunDir> OpenRunDir(const FinetuneOptions& o, int rank) {
                   r.dir.c_str());
   }
   return r;
+}
+
+// The engine of a run: "auto" has been resolved by the memory plan before the workers started
+// (a trainer built directly, as in tests, takes none for it).
+EngineOptions EngineOptionsOf(const FinetuneOptions& o) {
+  EngineOptions e;
+  StatusOr<ActivationCheckpointing> c = ParseActivationCheckpointing(o.activation_checkpointing);
+  if (c.ok()) e.checkpointing = *c;
+  return e;
 }
 
 FsdpOptions FsdpOptionsOf(const FinetuneOptions& o, const dist::CollectiveOptions& collective) {
@@ -229,7 +240,7 @@ Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
       rank_(pg.rank()),
       world_(pg.size()),
       in_(std::move(in)),
-      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len),
+      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len, EngineOptionsOf(o)),
       fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask, *in_.model.weights,
             FsdpOptionsOf(o, collective)),
       adam_(AdamWOf(o, in_.from_dir)),

@@ -55,6 +55,9 @@ struct FinetuneOptions {
   bool resume = false;             // continue the run --run-name from its latest good checkpoint
   bool resume_if_any = false;      // the same, but start over when there is none (a restart)
   std::string fsdp_units = "mlp";  // mlp | layer
+  // none | mlp | layer; "auto" (the CLI's default) is resolved by the memory plan before workers
+  // start: the least recomputation that fits.
+  std::string activation_checkpointing = "auto";
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   std::string data_dir;                            // where the bundled data lives
   // The Hugging Face model of each checkpoint: the dtype of the trained tensors ("" = the source

@@ -9,9 +9,19 @@
 namespace st::cpu {
 #include "kernels/ops_decl.inc"
 
-// Grows every OpenMP thread's attention-backward scratch ([64, T] floats) now, so that no later
-// step allocates whichever thread picks up which task. The engine calls it at construction.
-void ReserveAttentionScratch(int64_t T);
+// Attention (attention_cpu.cpp) works on tiles of 64 rows (the query heads of one kv head stacked
+// over 64 / (H/Hkv) queries) x 128 keys; its scratch is linear in T: per OpenMP thread two
+// [64, 128] tiles and three packed [64, D] row blocks, plus, on the calling thread, per-call
+// tables ([B, T+1] real-token prefix counts, [B, H, T] row dots dout . out, [B, Hkv, D] means of
+// V). ReserveAttentionScratch grows all of them now for every shape up to the given maxima, on
+// every thread of the current OpenMP team, so that no later call allocates. The engine calls it at
+// construction, from the thread that later runs the steps.
+void ReserveAttentionScratch(int64_t max_B, int64_t max_T, int64_t H, int64_t max_Hkv,
+                             int64_t max_D);
+// Bytes of all the scratch above that AttentionForward/Backward use at this shape with `threads`
+// OpenMP threads (for the memory plan).
+double AttentionWorkspaceBytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                               int threads);
 
 // Threads used by OpenMP regions and OpenBLAS for this process.
 void SetNumThreads(int n);

@@ -106,40 +106,51 @@ void Rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, in
 }
 
 namespace {
-// Visible key count of a row; 0 means the row attends uniformly to every key.
+// Whether a row sees any key; a row that sees none attends uniformly to every key.
 bool RowHasVisibleKey(const AttnMask& mask, int64_t b, int64_t T, int64_t q) {
   for (int64_t k = 0; k <= q; ++k)
     if (mask.Visible(b, T, q, k)) return true;
   return false;
 }
+
+// The probabilities p[T] of query row i of head h (the forward's math, rounded to float as the
+// saved [B,H,T,T] probabilities were) and its log-sum-exp over the visible scores (+inf for a row
+// that sees no key: p = 1/T on every key).
+float RowProbs(const float* q, const float* k, int64_t b, int64_t h, int64_t i, int64_t T,
+               int64_t H, int64_t Hkv, int64_t D, const AttnMask& mask, std::vector<double>& s,
+               float* p) {
+  const int64_t g = h / (H / Hkv);
+  const bool any = RowHasVisibleKey(mask, b, T, i);
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < T; ++j) {
+    double acc = 0;
+    for (int64_t d = 0; d < D; ++d)
+      acc += double(q[((b * T + i) * H + h) * D + d]) * k[((b * T + j) * Hkv + g) * D + d];
+    s[j] = acc;
+    if (mask.Visible(b, T, i, j)) mx = std::max(mx, acc);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < T; ++j) {
+    double e = !any ? 1.0 : (mask.Visible(b, T, i, j) ? std::exp(s[j] - mx) : 0.0);
+    s[j] = e;
+    sum += e;
+  }
+  for (int64_t j = 0; j < T; ++j) p[j] = static_cast<float>(s[j] / sum);
+  return any ? static_cast<float>(mx + std::log(sum)) : INFINITY;
+}
 }  // namespace
 
-void AttentionForward(const float* q, const float* k, const float* v, float* out, float* probs,
+void AttentionForward(const float* q, const float* k, const float* v, float* out, float* lse,
                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                       const AttnMask& mask) {
   const int64_t group = H / Hkv;
   std::vector<double> s(T);
+  std::vector<float> p(T);  // one row of the probabilities
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < T; ++i) {
-        float* p = probs + ((b * H + h) * T + i) * T;
-        const bool any = RowHasVisibleKey(mask, b, T, i);
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < T; ++j) {
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d)
-            acc += double(q[((b * T + i) * H + h) * D + d]) * k[((b * T + j) * Hkv + g) * D + d];
-          s[j] = acc;
-          if (mask.Visible(b, T, i, j)) mx = std::max(mx, acc);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < T; ++j) {
-          double e = !any ? 1.0 : (mask.Visible(b, T, i, j) ? std::exp(s[j] - mx) : 0.0);
-          s[j] = e;
-          sum += e;
-        }
-        for (int64_t j = 0; j < T; ++j) p[j] = static_cast<float>(s[j] / sum);
+        lse[(b * H + h) * T + i] = RowProbs(q, k, b, h, i, T, H, Hkv, D, mask, s, p.data());
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
           for (int64_t j = 0; j < T; ++j) acc += double(p[j]) * v[((b * T + j) * Hkv + g) * D + d];
@@ -149,17 +160,21 @@ void AttentionForward(const float* q, const float* k, const float* v, float* out
     }
 }
 
-void AttentionBackward(const float* q, const float* k, const float* v, const float* probs,
-                       const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T,
-                       int64_t H, int64_t Hkv, int64_t D, const AttnMask& /*mask*/) {
+// Recomputes each row's probabilities from q, k and the mask (out and lse are not needed by this
+// naive version), then dS = P * (dP - rowsum(P * dP)) over all T keys, as the old probs backward.
+void AttentionBackward(const float* q, const float* k, const float* v, const float* /*out*/,
+                       const float* /*lse*/, const float* dout, float* dq, float* dk, float* dv,
+                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                       const AttnMask& mask) {
   const int64_t group = H / Hkv;
-  std::vector<double> dp(T);
+  std::vector<double> dp(T), s(T);
+  std::vector<float> p(T);
   for (int64_t i = 0; i < B * T * H * D; ++i) dq[i] = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < T; ++i) {
-        const float* p = probs + ((b * H + h) * T + i) * T;
+        RowProbs(q, k, b, h, i, T, H, Hkv, D, mask, s, p.data());
         const float* go = dout + ((b * T + i) * H + h) * D;
         double rowdot = 0;
         for (int64_t j = 0; j < T; ++j) {
