@@ -264,7 +264,15 @@ ActivationPlan ActivationPlan::Build(const Gemma4Config& cfg, int64_t B, int64_t
   // The head's tiles: the compacted target rows, their gradient, one tile of logits, the rows'
   // log-sum-exp.
   plan.head_h = l.Add("head.rows", {N, d});
-  plan.head_y = l.Add("head.tile", {std::min(N, kHeadRows), kHeadBlock});
+  const int64_t V = cfg.vocab_size;
+  if (train && static_cast<double>(N) * static_cast<double>(V) * sizeof(float) <= kHeadCacheBytes) {
+    // Small enough to keep: the forward's softcapped logits of the target rows, which the
+    // backward then turns into their gradient without recomputing the head's product.
+    plan.head_cache = l.Add("head.logits", {N, V});
+    plan.head_y = plan.head_cache;
+  } else {
+    plan.head_y = l.Add("head.tile", {std::min(N, kHeadRows), std::min(V, kHeadBlock)});
+  }
   plan.head_lse = l.Add("head.lse", {N});
   plan.head_sum = l.Add("head.sum", {N});
   plan.head_zt = l.Add("head.zt", {N});
@@ -484,6 +492,56 @@ void Gemma4Engine::HeadTile(const float* hv, const float* w, int64_t rows, int64
   ops.SoftcapForward(y, rows * c, static_cast<float>(cfg_.final_logit_softcapping));
 }
 
+const float* Gemma4Engine::CachedHead(const ParamTable& t) const {
+  return plan_.head_cache >= 0 ? t.param[reg_.embed_tokens] : nullptr;
+}
+
+void Gemma4Engine::HeadRowsLse(const float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c) {
+  float* mx = Act(plan_.head_lse);
+  float* sum = Act(plan_.head_sum);
+  float* zt = Act(plan_.head_zt);
+#pragma omp parallel for schedule(static) if (rows * c > (1 << 15))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = y + r * c;
+    const int64_t n = r0 + r;
+    float bm = -INFINITY;
+#pragma omp simd reduction(max : bm)
+    for (int64_t j = 0; j < c; ++j) bm = std::max(bm, z[j]);
+    const float m = std::max(mx[n], bm);
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < c; ++j) s += cpu::FastExp(z[j] - m);
+    sum[n] = sum[n] * cpu::FastExp(mx[n] - m) + s;
+    mx[n] = m;
+    const int64_t target = targets_[rows_[n]];
+    if (target >= v0 && target < v0 + c) zt[n] = z[target - v0];
+  }
+}
+
+void Gemma4Engine::HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c,
+                                float scale) {
+  const float* lse = Act(plan_.head_lse);
+  const float cap = static_cast<float>(cfg_.final_logit_softcapping);
+  const float inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
+#pragma omp parallel for schedule(static) if (rows * c > (1 << 15))
+  for (int64_t r = 0; r < rows; ++r) {
+    float* z = y + r * c;
+    const float l = lse[r0 + r];
+    const int64_t target = targets_[rows_[r0 + r]] - v0;
+    const bool here = target >= 0 && target < c;
+    const float zt = here ? z[target] : 0.0f;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) {
+      const float u = z[j] * inv_cap;
+      z[j] = cpu::FastExp(z[j] - l) * scale * (1.0f - u * u);
+    }
+    if (here) {
+      const float u = zt * inv_cap;
+      z[target] -= scale * (1.0f - u * u);
+    }
+  }
+}
+
 // The loss over the rows with a target: per row an online log-sum-exp over the vocabulary blocks
 // (running maximum and sum, rescaled when the maximum grows) and the target's logit, so memory is
 // one tile of [kHeadRows, kHeadBlock] whatever V is. Rows without a target cost nothing.
@@ -505,34 +563,26 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
   for (int64_t r = 0; r < Nv; ++r)
     std::memcpy(hv + r * d, hN + static_cast<int64_t>(rows_[r]) * d, static_cast<size_t>(d) * 4);
   float* mx = Act(plan_.head_lse);  // running max, then the log-sum-exp
-  float* sum = Act(plan_.head_sum);
-  float* zt = Act(plan_.head_zt);
   std::fill(mx, mx + Nv, -INFINITY);
-  std::fill(sum, sum + Nv, 0.0f);
-  std::fill(zt, zt + Nv, 0.0f);
-  const float* y = Act(plan_.head_y);
-  ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
-    for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
-      const int64_t rows = std::min(kHeadRows, Nv - r0);
-      HeadTile(hv + r0 * d, w, rows, c);
-#pragma omp parallel for schedule(static) if (rows * c > (1 << 15))
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* z = y + r * c;
-        const int64_t n = r0 + r;
-        float bm = -INFINITY;
-#pragma omp simd reduction(max : bm)
-        for (int64_t j = 0; j < c; ++j) bm = std::max(bm, z[j]);
-        const float m = std::max(mx[n], bm);
-        float s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < c; ++j) s += cpu::FastExp(z[j] - m);
-        sum[n] = sum[n] * cpu::FastExp(mx[n] - m) + s;
-        mx[n] = m;
-        const int64_t target = targets_[rows_[n]];
-        if (target >= v0 && target < v0 + c) zt[n] = z[target - v0];
+  std::fill(Act(plan_.head_sum), Act(plan_.head_sum) + Nv, 0.0f);
+  std::fill(Act(plan_.head_zt), Act(plan_.head_zt) + Nv, 0.0f);
+  if (const float* head = CachedHead(t)) {  // one tile: every row, the whole vocabulary
+    const int64_t V = cfg_.vocab_size;
+    OpsFor(backend_).LinearForward(hv, head, Act(plan_.head_cache), Nv, d, V, 1.0f, false);
+    OpsFor(backend_).SoftcapForward(Act(plan_.head_cache), Nv * V,
+                                    static_cast<float>(cfg_.final_logit_softcapping));
+    HeadRowsLse(Act(plan_.head_cache), 0, Nv, 0, V);
+  } else {
+    ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
+      for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
+        const int64_t rows = std::min(kHeadRows, Nv - r0);
+        HeadTile(hv + r0 * d, w, rows, c);
+        HeadRowsLse(Act(plan_.head_y), r0, rows, v0, c);
       }
-    }
-  });
+    });
+  }
+  const float* sum = Act(plan_.head_sum);
+  const float* zt = Act(plan_.head_zt);
   double total = 0;
   for (int64_t n = 0; n < Nv; ++n) {
     mx[n] += std::log(sum[n]);  // the row's log-sum-exp, for the backward
@@ -567,36 +617,23 @@ void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN
   if (Nv == 0) return;
   const float* hv = Act(plan_.head_h);
   float* dhv = Act(plan_.head_dh);
-  const float* lse = Act(plan_.head_lse);
-  float* y = Act(plan_.head_y);
   float* dw_head = t.grad[reg_.embed_tokens];
-  const float cap = static_cast<float>(cfg_.final_logit_softcapping);
-  const float inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
-  ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
-    for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
-      const int64_t rows = std::min(kHeadRows, Nv - r0);
-      HeadTile(hv + r0 * d, w, rows, c);
-#pragma omp parallel for schedule(static) if (rows * c > (1 << 15))
-      for (int64_t r = 0; r < rows; ++r) {
-        float* z = y + r * c;
-        const float l = lse[r0 + r];
-        const int64_t target = targets_[rows_[r0 + r]] - v0;
-        const bool here = target >= 0 && target < c;
-        const float zt = here ? z[target] : 0.0f;
-#pragma omp simd
-        for (int64_t j = 0; j < c; ++j) {
-          const float u = z[j] * inv_cap;
-          z[j] = cpu::FastExp(z[j] - l) * scale * (1.0f - u * u);
-        }
-        if (here) {
-          const float u = zt * inv_cap;
-          z[target] -= scale * (1.0f - u * u);
-        }
+  if (const float* head = CachedHead(t)) {  // the forward's logits, no recompute
+    const int64_t V = cfg_.vocab_size;
+    HeadRowsGrad(Act(plan_.head_cache), 0, Nv, 0, V, scale);
+    ops.LinearBackward(hv, head, Act(plan_.head_cache), dhv, dw_head, Nv, d, V, 1.0f, false);
+  } else {
+    float* y = Act(plan_.head_y);
+    ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
+      for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
+        const int64_t rows = std::min(kHeadRows, Nv - r0);
+        HeadTile(hv + r0 * d, w, rows, c);
+        HeadRowsGrad(y, r0, rows, v0, c, scale);
+        ops.LinearBackward(hv + r0 * d, w, y, dhv + r0 * d, dw_head ? dw_head + v0 * d : nullptr,
+                           rows, d, c, 1.0f, v0 > 0);
       }
-      ops.LinearBackward(hv + r0 * d, w, y, dhv + r0 * d, dw_head ? dw_head + v0 * d : nullptr,
-                         rows, d, c, 1.0f, v0 > 0);
-    }
-  });
+    });
+  }
 #pragma omp parallel for schedule(static) if (Nv * d > (1 << 16))
   for (int64_t r = 0; r < Nv; ++r)
     std::memcpy(dhN + static_cast<int64_t>(rows_[r]) * d, dhv + r * d, static_cast<size_t>(d) * 4);
@@ -607,16 +644,17 @@ void Gemma4Engine::ComputeLogits(const float* params, float* out) {
 }
 
 void Gemma4Engine::ComputeLogits(const ParamTable& t, float* out) {
+  // (Its own tile: the plan's may hold the forward's logits, which a later Backward reads.)
+  const Ops& ops = OpsFor(backend_);
   const int64_t N = last_N_, d = cfg_.hidden_size, V = cfg_.vocab_size;
   const float* hN = Act(plan_.hN);
-  const float* y = Act(plan_.head_y);
+  std::vector<float> y;
   ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
-    for (int64_t r0 = 0; r0 < N; r0 += kHeadRows) {
-      const int64_t rows = std::min(kHeadRows, N - r0);
-      HeadTile(hN + r0 * d, w, rows, c);
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(out + (r0 + r) * V + v0, y + r * c, static_cast<size_t>(c) * sizeof(float));
-    }
+    y.resize(static_cast<size_t>(N * c));
+    ops.LinearForward(hN, w, y.data(), N, d, c, 1.0f, false);
+    ops.SoftcapForward(y.data(), N * c, static_cast<float>(cfg_.final_logit_softcapping));
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(out + n * V + v0, y.data() + n * c, static_cast<size_t>(c) * sizeof(float));
   });
 }
 

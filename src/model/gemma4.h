@@ -92,6 +92,9 @@ struct EngineOptions {
 // from the source one vocabulary block at a time.
 constexpr int64_t kHeadBlock = 4096;
 constexpr int64_t kHeadRows = 2048;
+// A training engine whose [B*T, V] logits take at most this much keeps the forward's (one tile of
+// every row) and the backward skips the head's recomputation: small vocabularies lose no speed.
+constexpr double kHeadCacheBytes = 64.0 * (1 << 20);
 
 // The bytes an engine planned for (cfg, max_batch, max_seq, options) holds: its activation arena,
 // the attention kernels' per-thread workspace (`threads` of them), RoPE tables and the loss's
@@ -127,6 +130,7 @@ struct ActivationPlan {
   // The head's compacted target rows and their gradient [N,d], one tile of logits [rows, block],
   // and per row the running maximum (then log-sum-exp), running sum and target logit [N].
   int head_h = -1, head_dh = -1, head_y = -1, head_lse = -1, head_sum = -1, head_zt = -1;
+  int head_cache = -1;  // [N, V] the forward's logits, when small (kHeadCacheBytes); = head_y
   // Backward scratch (shared by all layers).
   int dx = -1, dn = -1, dh = -1, dq = -1, dout = -1, df1 = -1, df2 = -1, dp1 = -1, dp2 = -1,
       dple = -1;
@@ -195,6 +199,14 @@ class Gemma4Engine {
   // The head's logits of `rows` target rows (compacted, [rows, d] at hv) against one vocabulary
   // block, softcapped, into the tile scratch [rows, c].
   void HeadTile(const float* hv, const float* w, int64_t rows, int64_t c);
+  // The tied head when the plan keeps the forward's logits and the head is in the table (not
+  // served as rows): nullptr means tiles.
+  const float* CachedHead(const ParamTable& t) const;
+  // Per row of a tile y [rows, c] (compacted rows r0.., vocabulary v0..): the online
+  // log-sum-exp's running maximum and sum and the target's logit; and the tile turned in place
+  // into d(scale * loss)/d(pre-softcap logits).
+  void HeadRowsLse(const float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c);
+  void HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c, float scale);
   // The loss over the compacted rows, and its backward (recomputing each tile).
   double HeadLossForward(const ParamTable& t);
   void HeadLossBackward(const ParamTable& t, float grad_scale, float* dhN, int64_t N);
