@@ -2,7 +2,8 @@
 """Write a randomly initialised, Gemma 4 E2B-shaped checkpoint with transformers' save_pretrained.
 
 Usage (from the repository root):
-    tools/.venv/bin/python tools/make_e2b_checkpoint.py --out DIR [--layers N] [--dtype bfloat16|float32]
+    tools/.venv/bin/python tools/make_e2b_checkpoint.py --out DIR [--layers N] [--widths e2b|small] [--vocab V]
+        [--dtype bfloat16|float32]
         [--seed S] [--multimodal] [--max-shard-size SIZE] [--kv-shared K]
 
 Default: text-only Gemma4ForCausalLM (tensor names `model.*`), all 35 layers, bfloat16 (~9.3 GB), written with
@@ -19,6 +20,10 @@ final_logit_softcapping 30, tied embeddings.
 full attention (as Gemma4TextConfig requires). The number of kv-shared layers is round(20 * N / 35), lowered until
 the non-shared prefix holds a layer of every type (transformers' requirement), i.e. 0 for N <= 5; --kv-shared
 overrides it. The PLE table is vocab x (N * 256), so it shrinks with N too.
+
+--widths small takes the widths of slicetrain's gemma4-small preset instead (hidden 512, intermediate 2048, 8 query
+and 2 kv heads, head_dim 64 / 128, PLE dim 64, sliding window 128, layer types (S S S F) x 2, 3 kv-shared layers for
+8 layers) with the real 262144-token vocabulary (--vocab to change it): the seed's vocabulary on a small model.
 
 --multimodal writes Gemma4ForConditionalGeneration instead (text under `model.language_model.*`, plus
 `model.vision_tower.*`, `model.embed_vision.*`, `model.audio_tower.*`, `model.embed_audio.*` with the
@@ -88,8 +93,15 @@ E2B_TEXT = dict(
 )
 
 
-def layer_types_for(n: int) -> list[str]:
-    types = list(E2B_LAYER_TYPES[:n])
+SMALL_TEXT = dict(hidden_size=512, hidden_size_per_layer_input=64, intermediate_size=2048, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=64, global_head_dim=128, sliding_window=128,
+                  max_position_embeddings=8192)
+SMALL_LAYER_TYPES = [S, S, S, F] * 2
+
+
+def layer_types_for(n: int, small: bool = False) -> list[str]:
+    pattern = SMALL_LAYER_TYPES * ((n + 7) // 8) if small else E2B_LAYER_TYPES
+    types = list(pattern[:n])
     types[-1] = F
     return types
 
@@ -101,12 +113,15 @@ def kv_shared_for(n: int, types: list[str]) -> int:
     return k
 
 
-def text_config(n_layers: int, kv_shared: int | None) -> Gemma4TextConfig:
-    types = layer_types_for(n_layers)
+def text_config(n_layers: int, kv_shared: int | None, small: bool = False, vocab: int = 262144) -> Gemma4TextConfig:
+    types = layer_types_for(n_layers, small)
+    if kv_shared is None and small:
+        kv_shared = 3 if n_layers == 8 else 0
     k = kv_shared_for(n_layers, types) if kv_shared is None else kv_shared
     if not 0 <= k < n_layers or (k and set(types[: n_layers - k]) != set(types)):
         raise SystemExit(f"--kv-shared {k}: the first {n_layers - k} layers must contain every layer type {sorted(set(types))}")
-    cfg = Gemma4TextConfig(**E2B_TEXT, num_hidden_layers=n_layers, layer_types=types, num_kv_shared_layers=k)
+    fields = dict(E2B_TEXT, **(SMALL_TEXT if small else {}), vocab_size=vocab, vocab_size_per_layer_input=vocab)
+    cfg = Gemma4TextConfig(**fields, num_hidden_layers=n_layers, layer_types=types, num_kv_shared_layers=k)
     _ = cfg.kv_sharing_modes  # raises if inconsistent
     return cfg
 
@@ -118,7 +133,9 @@ def peak_rss_gib() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--layers", type=int, default=E2B_LAYERS)
+    ap.add_argument("--layers", type=int, default=None, help="default: 35 (e2b widths), 8 (small widths)")
+    ap.add_argument("--widths", choices=["e2b", "small"], default="e2b")
+    ap.add_argument("--vocab", type=int, default=262144)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--multimodal", action="store_true")
@@ -127,13 +144,15 @@ def main() -> int:
     ap.add_argument("--kv-shared", type=int, default=None, help="override num_kv_shared_layers")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
+    if a.layers is None:
+        a.layers = 8 if a.widths == "small" else E2B_LAYERS
     if a.layers < 1:
         ap.error("--layers must be >= 1")
     if a.threads:
         torch.set_num_threads(a.threads)
 
     t0 = time.perf_counter()
-    tcfg = text_config(a.layers, a.kv_shared)
+    tcfg = text_config(a.layers, a.kv_shared, a.widths == "small", a.vocab)
     if a.multimodal:
         cfg = Gemma4Config(text_config=tcfg, vision_config=Gemma4VisionConfig(), audio_config=Gemma4AudioConfig(),
                            tie_word_embeddings=True)
