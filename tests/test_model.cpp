@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "io/hf_model.h"
 #include "model/config.h"
@@ -67,6 +68,21 @@ MicroBatch MakeBatch(const Gemma4Config& c, int64_t B, int64_t T, uint64_t seed)
   return mb;
 }
 
+// One backward each of two engines on the same batch: every parameter's gradient within tol.
+void ExpectSameGradients(Gemma4Engine& a, Gemma4Engine& b, const std::vector<float>& params,
+                         const Batch& batch, const ForwardResult& ra, const ForwardResult& rb,
+                         double tol, const std::string& what) {
+  std::vector<float> ga(params.size(), 0.f), gb(params.size(), 0.f);
+  a.Backward(params.data(), ga.data(), batch, 1.0f / ra.num_valid);
+  b.Backward(params.data(), gb.data(), batch, 1.0f / rb.num_valid);
+  const ParamRegistry& reg = a.registry();
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    const ArenaEntry& e = reg.layout.entry(i);
+    EXPECT_LT(RelError(ga.data() + e.offset, gb.data() + e.offset, e.numel), tol)
+        << e.name << " " << what;
+  }
+}
+
 std::vector<float> InitedParams(const Gemma4Config& c, const ParamRegistry& reg, uint64_t seed) {
   std::vector<float> p(reg.layout.total());
   InitParams(c, reg, p.data(), seed);
@@ -95,14 +111,7 @@ TEST(Engine, FastMatchesReference) {
   fast.ComputeLogits(params.data(), lf.data());
   ref.ComputeLogits(params.data(), lr.data());
   EXPECT_LT(RelError(lf.data(), lr.data(), B * T * c.vocab_size), 1e-5);
-  std::vector<float> gf(params.size(), 0.f), gr(params.size(), 0.f);
-  fast.Backward(params.data(), gf.data(), batch, 1.0f / rf.num_valid);
-  ref.Backward(params.data(), gr.data(), batch, 1.0f / rr.num_valid);
-  const ParamRegistry& reg = fast.registry();
-  for (int i = 0; i < reg.layout.size(); ++i) {
-    const ArenaEntry& e = reg.layout.entry(i);
-    EXPECT_LT(RelError(gf.data() + e.offset, gr.data() + e.offset, e.numel), 1e-4) << e.name;
-  }
+  ExpectSameGradients(fast, ref, params, batch, rf, rr, 1e-4, "fast vs reference");
 }
 
 TEST(Engine, SmallerBatchThanPlanned) {
@@ -377,15 +386,7 @@ TEST(Engine, TiledHeadLossMatchesTheWholeLogits) {
     const ForwardResult rr = ref.Forward(params.data(), batch);
     EXPECT_EQ(rf.num_valid, rr.num_valid);
     EXPECT_NEAR(rf.Loss(), rr.Loss(), 1e-6 * rr.Loss()) << B << "x" << T;
-    std::vector<float> gf(params.size(), 0.f), gr(params.size(), 0.f);
-    fast.Backward(params.data(), gf.data(), batch, 1.0f / rf.num_valid);
-    ref.Backward(params.data(), gr.data(), batch, 1.0f / rr.num_valid);
-    const ParamRegistry& reg = fast.registry();
-    for (int i = 0; i < reg.layout.size(); ++i) {
-      const ArenaEntry& e = reg.layout.entry(i);
-      EXPECT_LT(RelError(gf.data() + e.offset, gr.data() + e.offset, e.numel), 1e-5)
-          << e.name << " " << B << "x" << T;
-    }
+    ExpectSameGradients(fast, ref, params, batch, rf, rr, 1e-5, StrCat(B, "x", T));
     // The forward-only engine (evaluate's) gives the same loss.
     EngineOptions eval;
     eval.training = false;
