@@ -103,9 +103,10 @@ void ProgressReporter::Finish(const MemoryReport& m, const std::string& best_che
   if (rank_ != 0) return;
   std::printf(
       "Memory per worker: sharded state %.1f MiB (fp32 master, grads, 2 AdamW moments), "
-      "frozen fp32 %.1f MiB, activations %.1f MiB, peak RSS %.0f MiB (max over ranks)\n",
+      "frozen fp32 %.1f MiB, activations %.1f MiB (--activation-checkpointing %s), peak RSS "
+      "%.0f MiB (max over ranks)\n",
       m.sharded_bytes / 1048576.0, m.frozen_bytes / 1048576.0, m.activation_bytes / 1048576.0,
-      m.peak_rss_mib);
+      m.checkpointing, m.peak_rss_mib);
   std::printf("Training completed! Final metrics: %s\n", final_metrics_.c_str());
   std::printf("Saved checkpoint: %s\n",
               best_checkpoint.empty() ? "(none)" : best_checkpoint.c_str());

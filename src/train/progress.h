@@ -27,7 +27,8 @@ struct SetupSummary {
 // The end-of-run memory line's figures, per worker.
 struct MemoryReport {
   size_t sharded_bytes = 0, frozen_bytes = 0, activation_bytes = 0;
-  float peak_rss_mib = 0;  // max over ranks
+  float peak_rss_mib = 0;              // max over ranks
+  const char* checkpointing = "none";  // --activation-checkpointing as resolved
 };
 
 class ProgressReporter {

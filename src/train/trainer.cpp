@@ -366,9 +366,9 @@ Status Trainer::Finish() {
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
   ST_RETURN_IF_ERROR(pg_.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective_));
-  reporter_.Finish(
-      {fsdp_.ShardedStateBytes(), fsdp_.FrozenBytes(), engine_.ActivationBytes(), rss_mib},
-      checkpointer_->BestPath());
+  reporter_.Finish({fsdp_.ShardedStateBytes(), fsdp_.FrozenBytes(), engine_.ActivationBytes(),
+                    rss_mib, ActivationCheckpointingName(engine_.options().checkpointing)},
+                   checkpointer_->BestPath());
   return Status::Ok();
 }
 
