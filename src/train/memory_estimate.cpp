@@ -43,24 +43,26 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
       frozen_root += static_cast<double>(AlignElements(e.numel));
     }
   }
-  double shards = 0, largest_unit = 0;
-  for (int64_t k = 0; k <= L; ++k) {
-    shards += std::ceil(unit[k] / W);
-    if (k > 0) largest_unit = std::max(largest_unit, unit[k]);
+  // Layer l's unit and its frozen tensors go to slot l % 2 (FsdpModel, FrozenWeights): a slot's
+  // buffers are mapped for the largest of all, but only the pages of the largest it ever holds
+  // are touched (a slot that no layer uses costs nothing).
+  double shards = std::ceil(unit[0] / W), unit_slot[2] = {0, 0}, frozen_slot[2] = {0, 0};
+  for (int64_t l = 0; l < L; ++l) {
+    shards += std::ceil(unit[l + 1] / W);
+    unit_slot[l % 2] = std::max(unit_slot[l % 2], unit[l + 1]);
+    frozen_slot[l % 2] = std::max(frozen_slot[l % 2], frozen_layer[l]);
   }
   // A gathered unit: fp32 parameters and gradients, the bf16 receive buffer, the bf16 send and
   // fp32 reduce-scatter buffers of one shard.
   auto gathered = [&](double full) {
     return full * (2 * f32 + 2) + std::ceil(full / W) * (2 + f32);
   };
-  const double largest_frozen_layer =
-      frozen_layer.empty() ? 0 : *std::max_element(frozen_layer.begin(), frozen_layer.end());
   WorkerMemoryEstimate e;
   e.checkpointing = shape.checkpointing;
   e.params = e.grads = f32 * shards;
   e.optimizer = 2 * f32 * shards;
-  e.gathered_units = gathered(unit[0]) + 2 * gathered(largest_unit);
-  e.frozen_fp32 = f32 * (frozen_root + 2 * largest_frozen_layer);
+  e.gathered_units = gathered(unit[0]) + gathered(unit_slot[0]) + gathered(unit_slot[1]);
+  e.frozen_fp32 = f32 * (frozen_root + frozen_slot[0] + frozen_slot[1]);
   EngineOptions engine;
   engine.checkpointing = shape.checkpointing;
   const double engine_bytes =
