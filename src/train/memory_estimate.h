@@ -24,9 +24,12 @@ namespace st {
 
 class WeightSource;
 
-// What a worker holds besides the model's state: the binary and its libraries, OpenMP/OpenBLAS
-// thread buffers, the data set and tokenizer, the collectives' buffers. Measured on gemma4-tiny
-// workers (peak RSS less everything this file counts), rounded up.
+// What a worker holds besides the terms counted here: the binary and its libraries, OpenMP/OpenBLAS
+// thread buffers, the data set and tokenizer, the collectives' buffers, pages of a mapped
+// checkpoint it touched. A constant, not a model: it differs by workload (a gemma4-tiny or
+// gemma4-small worker holds 20-100 MiB less than the plan, a worker of the 4-layer E2B-width model
+// in tests/test_host.cpp about 90 MiB more; docs/install.md, "Memory"), and 96 MiB keeps every
+// measured case within 7 %.
 constexpr double kWorkerRuntimeBytes = 96.0 * (1 << 20);
 
 struct WorkerMemoryEstimate {
