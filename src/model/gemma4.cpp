@@ -98,7 +98,7 @@ const char* ActivationCheckpointingName(ActivationCheckpointing c) {
 Gemma4Engine::Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
                            const EngineOptions& options)
     : cfg_(cfg),
-      reg_(BuildParamRegistry(cfg)),
+      reg_(BuildParamRegistry(cfg, options.lora)),
       max_B_(max_batch),
       max_T_(max_seq),
       options_(options),
@@ -278,6 +278,14 @@ ActivationPlan ActivationPlan::Build(const Gemma4Config& cfg, int64_t B, int64_t
   plan.head_zt = l.Add("head.zt", {N});
   const int64_t LP = std::max<int64_t>(P, 1) * std::max<int64_t>(L, 1);
   plan.dp2 = l.Add("grad.dp2", {N, LP});  // also the forward's PLE scratch
+  if (options.lora.enabled()) {
+    const ParamRegistry base = BuildParamRegistry(cfg);
+    int64_t max_in = 0;
+    for (int e : options.lora.targets) max_in = std::max(max_in, base.layout.entry(e).shape[1]);
+    plan.lora_t = l.Add("lora.t", {N, options.lora.rank});
+    if (train) plan.lora_dt = l.Add("lora.dt", {N, options.lora.rank});
+    if (train && options.lora.dropout > 0) plan.lora_x = l.Add("lora.x", {N, max_in});
+  }
   if (!train) return plan;
   plan.head_dh = l.Add("head.drows", {N, d});
   // Backward scratch.
@@ -345,8 +353,8 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
     // The normed projection (in place when nothing runs backward) and the token-identity part.
     float* projn = options_.training ? Act(plan_.dp1) : proj;
     float* tok = Act(plan_.dp2);
-    ops.LinearForward(x0, W(reg_.per_layer_model_projection), proj, N, d, L * P,
-                      1.0f / std::sqrt(static_cast<float>(d)), false);
+    Linear(t, reg_.per_layer_model_projection, x0, proj, N, d, L * P,
+           1.0f / std::sqrt(static_cast<float>(d)));
     ops.RmsNormForward(proj, W(reg_.per_layer_projection_norm), projn, Act(plan_.rstd_pln), N * L,
                        P, static_cast<float>(cfg_.rms_norm_eps));
     const int ple_table = reg_.embed_tokens_per_layer;
@@ -411,19 +419,19 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
   float* h1 = Act(a.h1);
   ops.RmsNormForward(x_in, W(lp.input_layernorm), h1, Act(a.rstd_in), N, d, eps);
   float* q = Act(a.q);  // [N, H*D] after q_norm and RoPE
-  ops.LinearForward(h1, W(lp.q_proj), Act(a.q_raw), N, d, H * D, 1.0f, false);
+  Linear(t, lp.q_proj, h1, Act(a.q_raw), N, d, H * D);
   ops.RmsNormForward(Act(a.q_raw), W(lp.q_norm), q, Act(a.rstd_q), N * H, D, eps);
   ops.Rope(q, cos_t, sin_t, B, T, H, D, false);
   if (!cfg_.IsKvShared(i)) {
-    ops.LinearForward(h1, W(lp.k_proj), Act(a.k_raw), N, d, Hkv * D, 1.0f, false);
+    Linear(t, lp.k_proj, h1, Act(a.k_raw), N, d, Hkv * D);
     ops.RmsNormForward(Act(a.k_raw), W(lp.k_norm), Act(a.k), Act(a.rstd_k), N * Hkv, D, eps);
     ops.Rope(Act(a.k), cos_t, sin_t, B, T, Hkv, D, false);
-    ops.LinearForward(h1, W(lp.v_proj), Act(a.v_raw), N, d, Hkv * D, 1.0f, false);
+    Linear(t, lp.v_proj, h1, Act(a.v_raw), N, d, Hkv * D);
     ops.RmsNormForward(Act(a.v_raw), nullptr, Act(a.v), Act(a.rstd_v), N * Hkv, D, eps);
   }
   const ActivationPlan::LayerActs& src = plan_.layers[cfg_.KvSourceLayer(i)];
   ops.AttentionForward(q, Act(src.k), Act(src.v), Act(a.o), Act(a.lse), B, T, H, Hkv, D, mask);
-  ops.LinearForward(Act(a.o), W(lp.o_proj), Act(a.a), N, H * D, d, 1.0f, false);
+  Linear(t, lp.o_proj, Act(a.o), Act(a.a), N, H * D, d);
   float* x1 = Act(a.x1);
   ops.RmsNormForward(Act(a.a), W(lp.post_attention_layernorm), x1, Act(a.rstd_pa), N, d, eps);
   ops.Add(x1, x_in, N * d);
@@ -432,7 +440,7 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
   ops.RmsNormForward(x1, W(lp.pre_feedforward_layernorm), Act(a.h2), Act(a.rstd_pf), N, d, eps);
   if (hooks) hooks->BeforeForward(i, Part::kMlp);
   MlpForward(i, t, N);
-  ops.LinearForward(Act(a.hm), W(lp.down_proj), Act(a.m), N, cfg_.MlpWidth(i), d, 1.0f, false);
+  Linear(t, lp.down_proj, Act(a.hm), Act(a.m), N, cfg_.MlpWidth(i), d);
   if (hooks) hooks->AfterForward(i, Part::kMlp);
   float* x2 = Act(a.x2);
   ops.RmsNormForward(Act(a.m), W(lp.post_feedforward_layernorm), x2, Act(a.rstd_pff), N, d, eps);
@@ -442,9 +450,9 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
   float* out = Act(plan_.resid[i + 1]);
   if (P > 0) {
     const float* ple_i = Act(plan_.ple) + i * N * P;
-    ops.LinearForward(x2, W(lp.per_layer_input_gate), Act(a.pg), N, d, P, 1.0f, false);
+    Linear(t, lp.per_layer_input_gate, x2, Act(a.pg), N, d, P);
     ops.GeluMulForward(Act(a.pg), ple_i, Act(a.g2), N * P);
-    ops.LinearForward(Act(a.g2), W(lp.per_layer_projection), Act(a.u), N, P, d, 1.0f, false);
+    Linear(t, lp.per_layer_projection, Act(a.g2), Act(a.u), N, P, d);
     ops.RmsNormForward(Act(a.u), W(lp.post_per_layer_input_norm), out, Act(a.rstd_pp), N, d, eps);
     ops.Add(out, x2, N * d);
   } else {
@@ -459,9 +467,65 @@ void Gemma4Engine::MlpForward(int64_t i, const ParamTable& t, int64_t N) {
   const LayerParams& lp = reg_.layers[i];
   const ActivationPlan::LayerActs& a = plan_.layers[i];
   const int64_t d = cfg_.hidden_size, F = cfg_.MlpWidth(i);
-  ops.LinearForward(Act(a.h2), t.param[lp.gate_proj], Act(a.gate), N, d, F, 1.0f, false);
-  ops.LinearForward(Act(a.h2), t.param[lp.up_proj], Act(a.up), N, d, F, 1.0f, false);
+  Linear(t, lp.gate_proj, Act(a.h2), Act(a.gate), N, d, F);
+  Linear(t, lp.up_proj, Act(a.h2), Act(a.up), N, d, F);
   ops.GeluMulForward(Act(a.gate), Act(a.up), Act(a.hm), N * F);
+}
+
+const float* Gemma4Engine::LoraInput(int e, const float* x, int64_t N, int64_t in) {
+  const float p = reg_.lora_dropout;
+  if (!options_.training || p <= 0.0f) return x;
+  const LoraDropoutMask mask = LoraDropoutMask::For(dropout_seed_, e, p);
+  float* out = Act(plan_.lora_x);
+  const int64_t n = N * in;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t j = 0; j < n; ++j) out[j] = mask.Keep(j) ? x[j] * mask.scale : 0.0f;
+  return out;
+}
+
+void Gemma4Engine::Linear(const ParamTable& t, int e, const float* x, float* y, int64_t N,
+                          int64_t in, int64_t out, float alpha) {
+  const Ops& ops = OpsFor(backend_);
+  ops.LinearForward(x, t.param[e], y, N, in, out, alpha, false);
+  const int A = reg_.lora_a[e], B = reg_.lora_b[e];
+  if (A < 0) return;
+  const int64_t R = reg_.lora_rank;
+  float* xa = Act(plan_.lora_t);  // [N, R]
+  ops.LinearForward(LoraInput(e, x, N, in), t.param[A], xa, N, in, R, 1.0f, false);
+  ops.LinearForward(xa, t.param[B], y, N, R, out, alpha * reg_.lora_scaling, true);
+}
+
+void Gemma4Engine::LinearBack(const ParamTable& t, int e, const float* x, const float* dy,
+                              float* dx, int64_t N, int64_t in, int64_t out, float alpha,
+                              bool accumulate_dx) {
+  const Ops& ops = OpsFor(backend_);
+  ops.LinearBackward(x, t.param[e], dy, dx, t.grad[e], N, in, out, alpha, accumulate_dx);
+  const int A = reg_.lora_a[e], B = reg_.lora_b[e];
+  if (A < 0 || (!dx && !t.grad[A] && !t.grad[B])) return;
+  // The forward's x A^T again (R columns: cheap next to the base product), then
+  // d(x A^T) = s dy B, dB += s dy^T (x A^T), dA += d(x A^T)^T x_dropped, dx += mask d(x A^T) A.
+  const int64_t R = reg_.lora_rank;
+  const float* xin = LoraInput(e, x, N, in);
+  float* xa = Act(plan_.lora_t);
+  float* dxa = Act(plan_.lora_dt);
+  ops.LinearForward(xin, t.param[A], xa, N, in, R, 1.0f, false);
+  ops.LinearBackward(xa, t.param[B], dy, dxa, t.grad[B], N, R, out, alpha * reg_.lora_scaling,
+                     false);
+  if (xin == x) {
+    ops.LinearBackward(x, t.param[A], dxa, dx, t.grad[A], N, in, R, 1.0f, true);
+    return;
+  }
+  // With dropout: A's gradient from the dropped input, then the input's gradient through the
+  // mask (d x_dropped into lora_x, which held x_dropped, then masked and scaled into dx).
+  ops.LinearBackward(xin, t.param[A], dxa, nullptr, t.grad[A], N, in, R, 1.0f, false);
+  if (!dx) return;
+  float* dxin = Act(plan_.lora_x);
+  ops.LinearBackward(nullptr, t.param[A], dxa, dxin, nullptr, N, in, R, 1.0f, false);
+  const LoraDropoutMask mask = LoraDropoutMask::For(dropout_seed_, e, reg_.lora_dropout);
+  const int64_t n = N * in;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t j = 0; j < n; ++j)
+    if (mask.Keep(j)) dx[j] += dxin[j] * mask.scale;
 }
 
 template <typename Fn>
@@ -706,9 +770,8 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
     float* dproj = Act(plan_.dp2);
     ops.RmsNormBackward(Act(plan_.proj), W(reg_.per_layer_projection_norm), Act(plan_.rstd_pln),
                         dsum, dproj, G(reg_.per_layer_projection_norm), N * L, P, false);
-    ops.LinearBackward(Act(plan_.resid[0]), W(reg_.per_layer_model_projection), dproj, dx,
-                       G(reg_.per_layer_model_projection), N, d, L * P,
-                       1.0f / std::sqrt(static_cast<float>(d)), true);
+    LinearBack(t, reg_.per_layer_model_projection, Act(plan_.resid[0]), dproj, dx, N, d, L * P,
+               1.0f / std::sqrt(static_cast<float>(d)), true);
   }
   if (float* g = G(reg_.embed_tokens))
     ops.EmbeddingBackward(ids, dx, g, N, d, std::sqrt(static_cast<float>(d)),
@@ -753,12 +816,10 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
     float* dpg = Act(plan_.dp2);
     ops.RmsNormBackward(Act(a.u), W(lp.post_per_layer_input_norm), Act(a.rstd_pp), dx, dn,
                         G(lp.post_per_layer_input_norm), N, d, false);
-    ops.LinearBackward(Act(a.g2), W(lp.per_layer_projection), dn, dg2, G(lp.per_layer_projection),
-                       N, P, d, 1.0f, false);
+    LinearBack(t, lp.per_layer_projection, Act(a.g2), dn, dg2, N, P, d, 1.0f, false);
     ops.GeluMulBackward(Act(a.pg), Act(plan_.ple) + i * N * P, dg2, dpg,
                         Act(plan_.dple) + i * N * P, N * P);
-    ops.LinearBackward(Act(a.x2), W(lp.per_layer_input_gate), dpg, dx, G(lp.per_layer_input_gate),
-                       N, d, P, 1.0f, true);  // dx = d x2
+    LinearBack(t, lp.per_layer_input_gate, Act(a.x2), dpg, dx, N, d, P, 1.0f, true);  // d x2
   }
   // MLP block.
   float* dhm = Act(plan_.df1);
@@ -769,10 +830,10 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
     if (hooks) hooks->BeforeBackward(i, Part::kMlp);
     if (ckpt == ActivationCheckpointing::kMlp) MlpForward(i, t, N);  // gate, up, hm again
   }
-  ops.LinearBackward(Act(a.hm), W(lp.down_proj), dn, dhm, G(lp.down_proj), N, F, d, 1.0f, false);
+  LinearBack(t, lp.down_proj, Act(a.hm), dn, dhm, N, F, d, 1.0f, false);
   ops.GeluMulBackward(Act(a.gate), Act(a.up), dhm, dgate, /*db=*/dhm, N * F);  // dhm -> d up
-  ops.LinearBackward(Act(a.h2), W(lp.gate_proj), dgate, dh, G(lp.gate_proj), N, d, F, 1.0f, false);
-  ops.LinearBackward(Act(a.h2), W(lp.up_proj), dhm, dh, G(lp.up_proj), N, d, F, 1.0f, true);
+  LinearBack(t, lp.gate_proj, Act(a.h2), dgate, dh, N, d, F, 1.0f, false);
+  LinearBack(t, lp.up_proj, Act(a.h2), dhm, dh, N, d, F, 1.0f, true);
   if (hooks) hooks->AfterBackward(i, Part::kMlp);
   ops.RmsNormBackward(Act(a.x1), W(lp.pre_feedforward_layernorm), Act(a.rstd_pf), dh, dx,
                       G(lp.pre_feedforward_layernorm), N, d, true);  // dx = d x1
@@ -781,7 +842,7 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
   float* dout = Act(plan_.dout);
   ops.RmsNormBackward(Act(a.a), W(lp.post_attention_layernorm), Act(a.rstd_pa), dx, dn,
                       G(lp.post_attention_layernorm), N, d, false);
-  ops.LinearBackward(Act(a.o), W(lp.o_proj), dn, dout, G(lp.o_proj), N, H * D, d, 1.0f, false);
+  LinearBack(t, lp.o_proj, Act(a.o), dn, dout, N, H * D, d, 1.0f, false);
   const ActivationPlan::LayerActs& src = plan_.layers[cfg_.KvSourceLayer(i)];
   float* dk = Act(plan_.dk[i]);
   float* dv = Act(plan_.dv[i]);
@@ -791,24 +852,32 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
   float* dq_raw = dout;  // d o is consumed
   ops.RmsNormBackward(Act(a.q_raw), W(lp.q_norm), Act(a.rstd_q), dq, dq_raw, G(lp.q_norm), N * H, D,
                       false);
-  ops.LinearBackward(Act(a.h1), W(lp.q_proj), dq_raw, dh, G(lp.q_proj), N, d, H * D, 1.0f, false);
+  LinearBack(t, lp.q_proj, Act(a.h1), dq_raw, dh, N, d, H * D, 1.0f, false);
   if (!cfg_.IsKvShared(i)) {
     // Every consumer of this layer's K/V is later in the stack, so dk/dv are complete here.
     float* draw = dq;
     ops.Rope(dk, cos_t, sin_t, B, T, Hkv, D, true);
     ops.RmsNormBackward(Act(a.k_raw), W(lp.k_norm), Act(a.rstd_k), dk, draw, G(lp.k_norm), N * Hkv,
                         D, false);
-    ops.LinearBackward(Act(a.h1), W(lp.k_proj), draw, dh, G(lp.k_proj), N, d, Hkv * D, 1.0f, true);
+    LinearBack(t, lp.k_proj, Act(a.h1), draw, dh, N, d, Hkv * D, 1.0f, true);
     ops.RmsNormBackward(Act(a.v_raw), nullptr, Act(a.rstd_v), dv, draw, nullptr, N * Hkv, D, false);
-    ops.LinearBackward(Act(a.h1), W(lp.v_proj), draw, dh, G(lp.v_proj), N, d, Hkv * D, 1.0f, true);
+    LinearBack(t, lp.v_proj, Act(a.h1), draw, dh, N, d, Hkv * D, 1.0f, true);
   }
   ops.RmsNormBackward(Act(plan_.resid[i]), W(lp.input_layernorm), Act(a.rstd_in), dh, dx,
                       G(lp.input_layernorm), N, d, true);  // dx = d resid[i]
   if (hooks) hooks->AfterBackward(i, Part::kLayer);
 }
 
-double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t B, int64_t T) {
+double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t B, int64_t T,
+                     const std::vector<bool>* trainable) {
   double flops = 6.0 * static_cast<double>(reg.MatmulParams()) * static_cast<double>(B * T);
+  if (trainable) {  // a frozen weight's gradient is never formed: 4 instead of 6 per element
+    double frozen = 0;
+    for (int i = 0; i < reg.layout.size(); ++i)
+      if (!(*trainable)[static_cast<size_t>(i)] && reg.IsMatmul(i))
+        frozen += static_cast<double>(reg.layout.entry(i).numel);
+    flops -= 2.0 * frozen * static_cast<double>(B * T);
+  }
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     const int64_t W = cfg.layer_types[i] == LayerType::kFull ? T : cfg.sliding_window;
     double pairs = 0;

@@ -16,6 +16,7 @@
 #include "kernels/attn_mask.h"
 #include "model/config.h"
 #include "model/glossary.h"
+#include "model/lora.h"
 #include "model/params.h"
 
 namespace st {
@@ -84,6 +85,9 @@ struct EngineOptions {
   // The loss from the whole [B*T, V] logits and the backend's plain cross-entropy kernels instead
   // of tiles: the oracle tests compare the tiled head with (always so for Backend::kRef).
   bool whole_logits = false;
+  // LoRA adapters on the Linear weights (model/lora.h): the engine's registry is the base
+  // registry plus these, and every adapted Linear adds s * dropout(x) A^T B^T to its output.
+  LoraSpec lora;
 };
 
 // The language-model head and its loss work in tiles of kHeadRows target rows x kHeadBlock
@@ -134,6 +138,9 @@ struct ActivationPlan {
   // Backward scratch (shared by all layers).
   int dx = -1, dn = -1, dh = -1, dq = -1, dout = -1, df1 = -1, df2 = -1, dp1 = -1, dp2 = -1,
       dple = -1;
+  // LoRA scratch: x A^T and its gradient [N, R]; the dropped-out input (training with dropout) or
+  // the gradient of A's input [N, largest adapted input].
+  int lora_t = -1, lora_dt = -1, lora_x = -1;
   std::vector<int> dk, dv;      // per layer: the K/V gradient accumulator it adds to
   std::vector<bool> kv_source;  // per layer: later layers read its K/V
 
@@ -142,12 +149,18 @@ struct ActivationPlan {
 };
 
 class Gemma4Engine {
+  static EngineOptions OptionsOf(Backend backend) {
+    EngineOptions o;
+    o.backend = backend;
+    return o;
+  }
+
  public:
   Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
                const EngineOptions& options);
   Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t max_seq,
                Backend backend = Backend::kCpu)
-      : Gemma4Engine(cfg, max_batch, max_seq, EngineOptions{backend}) {}
+      : Gemma4Engine(cfg, max_batch, max_seq, OptionsOf(backend)) {}
 
   const Gemma4Config& config() const { return cfg_; }
   const ParamRegistry& registry() const { return reg_; }
@@ -156,6 +169,12 @@ class Gemma4Engine {
   const EngineOptions& options() const { return options_; }
   // Bytes of the activation arena (for memory reports).
   size_t ActivationBytes() const { return static_cast<size_t>(acts_.size()) * sizeof(float); }
+
+  // The seed of the LoRA dropout masks of the next Forward/Backward pair: the mask of element j
+  // of an adapted Linear's input is a hash of (seed, adapter, j), so the backward (and a
+  // checkpointed recompute) sees the forward's mask without storing it. The trainer derives it
+  // from the run's seed, the step and the rank.
+  void SetDropoutSeed(uint64_t seed) { dropout_seed_ = seed; }
 
   // Runs the model up to the final norm and, with labels, the loss (the head in tiles: no logits
   // are kept). Only a training engine can run Backward after it.
@@ -189,6 +208,15 @@ class Gemma4Engine {
                     ParamHooks* hooks);
   void LayerBackward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                      ParamHooks* hooks);
+  // y [N, out] = alpha * (x W^T + s * dropout(x) A^T B^T) for registry entry e (no adapter: the
+  // plain product), and its backward: dx [N, in] (= or += with accumulate_dx; null: not needed),
+  // and the gradients of W, A and B where the table has them.
+  void Linear(const ParamTable& t, int e, const float* x, float* y, int64_t N, int64_t in,
+              int64_t out, float alpha = 1.0f);
+  void LinearBack(const ParamTable& t, int e, const float* x, const float* dy, float* dx, int64_t N,
+                  int64_t in, int64_t out, float alpha, bool accumulate_dx);
+  // The adapter's input: x itself, or (training with dropout) x masked and scaled into lora_x.
+  const float* LoraInput(int e, const float* x, int64_t N, int64_t in);
   // The MLP's gate, up and their product from its input h2 (forward, and the kMlp recompute).
   void MlpForward(int64_t i, const ParamTable& t, int64_t N);
   // Calls fn(v0, c, w) for each vocabulary block [v0, v0 + c) of the tied head, w its fp32 rows:
@@ -223,6 +251,7 @@ class Gemma4Engine {
   ActivationPlan plan_;
   AlignedBuffer acts_;
   int64_t last_N_ = 0;  // tokens of the last Forward
+  uint64_t dropout_seed_ = 0;
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
   std::vector<int32_t> targets_;     // [N] labels shifted left by one, -100 at each row's end
@@ -238,6 +267,8 @@ class Gemma4Engine {
 // The FLOPs of one forward+backward over `batch` tokens: 6 x matmul params x tokens plus the
 // attention products actually computed for the visible (causal, windowed) query-key pairs
 // (2 products x 2 FLOPs x D per pair forward, twice that backward), no padding assumed.
-double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t B, int64_t T);
+// With `trainable`, a frozen weight costs 4 x params x tokens (no weight gradient), as under LoRA.
+double TrainingFlops(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t B, int64_t T,
+                     const std::vector<bool>* trainable = nullptr);
 
 }  // namespace st

@@ -55,6 +55,10 @@ ParamRegistry BuildParamRegistry(const Gemma4Config& cfg) {
   r.norm = add("norm.weight", {d}, true);
   r.is_buffer = buffer;
   r.is_norm = norm;
+  r.base_entries = l.size();
+  r.lora_a.assign(l.size(), -1);
+  r.lora_b.assign(l.size(), -1);
+  r.lora_base.assign(l.size(), -1);
   return r;
 }
 
@@ -64,13 +68,15 @@ int64_t LayerOfName(const std::string& name) {
   return dot == std::string::npos ? -1 : std::stoll(name.substr(7, dot - 7));
 }
 
+bool ParamRegistry::IsMatmul(int i) const {
+  // embed_tokens_per_layer is a lookup only; embed_tokens counts once: it is the LM head.
+  return !is_norm[i] && !is_buffer[i] && i != embed_tokens_per_layer;
+}
+
 int64_t ParamRegistry::MatmulParams() const {
   int64_t n = 0;
-  for (int i = 0; i < layout.size(); ++i) {
-    if (is_norm[i] || is_buffer[i]) continue;
-    if (i == embed_tokens_per_layer) continue;  // a lookup only
-    n += layout.entry(i).numel;                 // embed_tokens counts once: it is the LM head
-  }
+  for (int i = 0; i < layout.size(); ++i)
+    if (IsMatmul(i)) n += layout.entry(i).numel;
   return n;
 }
 

@@ -30,9 +30,21 @@ struct ParamRegistry {
   // Per entry: true for RMSNorm weights (initialised to one).
   std::vector<bool> is_norm;
 
+  // LoRA (model/lora.h): the base model's entries come first; adapters are appended after them.
+  int base_entries = 0;
+  // Per entry: the A [R, in] and B [out, R] entries of the Linear weight's adapter, -1 for none.
+  std::vector<int> lora_a, lora_b;
+  // Per entry: for an adapter entry, the Linear weight it adapts (-1 otherwise).
+  std::vector<int> lora_base;
+  int64_t lora_rank = 0;
+  float lora_scaling = 0.0f;  // s in y = x W^T + s * dropout(x) A^T B^T
+  float lora_dropout = 0.0f;
+  bool HasAdapters() const { return lora_rank > 0; }
+
   // Elements that take part in matrix products per token (for FLOP counts): every Linear weight
-  // plus the tied LM head; lookups (embeddings) and norms excluded.
+  // plus the tied LM head and the adapters; lookups (embeddings) and norms excluded.
   int64_t MatmulParams() const;
+  bool IsMatmul(int entry) const;
 };
 
 ParamRegistry BuildParamRegistry(const Gemma4Config& cfg);

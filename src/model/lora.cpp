@@ -1,0 +1,189 @@
+#include "model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <sstream>
+
+#include "core/rng.h"
+
+namespace st {
+
+namespace {
+
+// "layers.3.self_attn.q_proj.weight" -> "layers.3.self_attn.q_proj"
+std::string ModuleOf(const std::string& name) {
+  const std::string suffix = ".weight";
+  return name.size() > suffix.size() &&
+                 name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
+             ? name.substr(0, name.size() - suffix.size())
+             : name;
+}
+
+bool EndsWithModule(const std::string& module, const std::string& target) {
+  if (module == target) return true;
+  return module.size() > target.size() &&
+         module.compare(module.size() - target.size(), target.size(), target) == 0 &&
+         module[module.size() - target.size() - 1] == '.';
+}
+
+}  // namespace
+
+LoraTargets DefaultLoraTargets() {
+  return LoraTargets{{"q_proj", "v_proj"}, ""};
+}
+
+LoraTargets ParseLoraTargets(const std::string& flag) {
+  LoraTargets t;
+  std::stringstream in(flag);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) t.names.push_back(item);
+  }
+  return t;
+}
+
+std::string LoraTargetsString(const LoraTargets& t) {
+  if (!t.regex.empty()) return t.regex;
+  std::string s;
+  for (const std::string& n : t.names) s += (s.empty() ? "" : ",") + n;
+  return s;
+}
+
+std::vector<int> LinearEntries(const ParamRegistry& reg) {
+  std::vector<int> out;
+  if (reg.per_layer_model_projection >= 0) out.push_back(reg.per_layer_model_projection);
+  for (const LayerParams& lp : reg.layers)
+    for (int e : {lp.q_proj, lp.k_proj, lp.v_proj, lp.o_proj, lp.gate_proj, lp.up_proj,
+                  lp.down_proj, lp.per_layer_input_gate, lp.per_layer_projection})
+      if (e >= 0) out.push_back(e);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const LoraTargets& t,
+                                             const std::string& module_prefix) {
+  const std::vector<int> linear = LinearEntries(reg);
+  std::vector<int> out;
+  if (!t.regex.empty()) {
+    std::regex re;
+    try {
+      re = std::regex(t.regex, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return InvalidArgument(StrCat("LoRA target_modules '", t.regex,
+                                    "' is not a valid regular expression: ", e.what()));
+    }
+    for (int e : linear)
+      if (std::regex_match(module_prefix + ModuleOf(reg.layout.entry(e).name), re))
+        out.push_back(e);
+  } else {
+    const bool all = std::find(t.names.begin(), t.names.end(), "all-linear") != t.names.end();
+    if (all && t.names.size() > 1)
+      return InvalidArgument("--lora-target-modules all-linear cannot be combined with names");
+    for (const std::string& name : t.names) {
+      if (all) break;
+      bool found = false;
+      for (int e : linear)
+        if (EndsWithModule(module_prefix + ModuleOf(reg.layout.entry(e).name), name)) found = true;
+      if (!found)
+        return InvalidArgument(StrCat(
+            "LoRA target module '", name,
+            "' matches no Linear layer of this model; use names such as q_proj,k_proj,v_proj,"
+            "o_proj,gate_proj,up_proj,down_proj,per_layer_input_gate,per_layer_projection,"
+            "per_layer_model_projection, or all-linear"));
+    }
+    for (int e : linear) {
+      const std::string module = module_prefix + ModuleOf(reg.layout.entry(e).name);
+      bool hit = all;
+      for (const std::string& name : t.names) hit = hit || EndsWithModule(module, name);
+      if (hit) out.push_back(e);
+    }
+  }
+  if (out.empty())
+    return InvalidArgument(StrCat("LoRA target_modules '", LoraTargetsString(t),
+                                  "' selects no Linear layer of this model"));
+  return out;
+}
+
+double LoraScaling(int64_t rank, double alpha, bool use_rslora) {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(rank))
+                    : alpha / static_cast<double>(rank);
+}
+
+ParamRegistry BuildParamRegistry(const Gemma4Config& cfg, const LoraSpec& spec) {
+  ParamRegistry reg = BuildParamRegistry(cfg);
+  AddLoraAdapters(&reg, spec);
+  return reg;
+}
+
+void AddLoraAdapters(ParamRegistry* reg, const LoraSpec& spec) {
+  if (!spec.enabled()) return;
+  const int64_t rank = spec.rank;
+  ST_CHECK(!reg->HasAdapters()) << "adapters added twice";
+  ST_CHECK(reg->layout.size() == reg->base_entries) << "adapters must follow the base entries";
+  ArenaLayout& l = reg->layout;
+  for (int e : spec.targets) {
+    const ArenaEntry base = l.entry(e);  // a copy: Add may move the entries
+    ST_CHECK(base.shape.size() == 2) << base.name << " is not a Linear weight";
+    const std::string module = ModuleOf(base.name);
+    const int a = l.Add(module + ".lora_A.weight", {rank, base.shape[1]});
+    const int b = l.Add(module + ".lora_B.weight", {base.shape[0], rank});
+    reg->lora_a[static_cast<size_t>(e)] = a;
+    reg->lora_b[static_cast<size_t>(e)] = b;
+    for (int k = 0; k < 2; ++k) {
+      reg->is_buffer.push_back(false);
+      reg->is_norm.push_back(false);
+      reg->lora_a.push_back(-1);
+      reg->lora_b.push_back(-1);
+      reg->lora_base.push_back(e);
+    }
+  }
+  reg->lora_rank = rank;
+  reg->lora_scaling = static_cast<float>(spec.scaling);
+  reg->lora_dropout = static_cast<float>(spec.dropout);
+}
+
+LoraWeights::LoraWeights(const ParamRegistry& reg, std::unique_ptr<WeightSource> base,
+                         uint64_t seed, std::unique_ptr<WeightSource> adapters)
+    : WeightSource(reg), base_(std::move(base)), adapters_(std::move(adapters)), seed_(seed) {
+  ST_CHECK(base_ != nullptr) << "LoRA weights without a base";
+}
+
+void LoraWeights::Read(int entry, int64_t begin, int64_t count, float* dst) const {
+  if (IsBase(entry)) return base_->Read(entry, begin, count, dst);
+  if (adapters_) return adapters_->Read(entry, begin, count, dst);
+  const ArenaEntry& e = reg_.layout.entry(entry);
+  const int base = reg_.lora_base[static_cast<size_t>(entry)];
+  if (entry == reg_.lora_b[static_cast<size_t>(base)]) {  // B starts at zero
+    std::fill(dst, dst + count, 0.0f);
+    return;
+  }
+  // kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(e.shape[1]));
+  const uint64_t stream =
+      seed_ * 0x100000001b3ull + static_cast<uint64_t>(entry) * 0x9e3779b97f4a7c15ull + 0x4c6f5241;
+  Rng rng(stream);
+  rng.Skip(static_cast<uint64_t>(begin));
+  for (int64_t j = 0; j < count; ++j)
+    dst[j] = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
+}
+
+void LoraWeights::GatherRows(int entry, const int32_t* ids, int64_t n, float scale,
+                             float* out) const {
+  if (IsBase(entry)) return base_->GatherRows(entry, ids, n, scale, out);
+  WeightSource::GatherRows(entry, ids, n, scale, out);
+}
+
+std::optional<WeightSource::Stored> LoraWeights::StoredBytes(int entry) const {
+  if (IsBase(entry)) return base_->StoredBytes(entry);
+  return adapters_ ? adapters_->StoredBytes(entry) : std::nullopt;
+}
+
+void LoraWeights::Release(int entry, int64_t begin, int64_t count) const {
+  if (IsBase(entry)) return base_->Release(entry, begin, count);
+  if (adapters_) adapters_->Release(entry, begin, count);
+}
+
+}  // namespace st
