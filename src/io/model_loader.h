@@ -13,6 +13,7 @@
 #include "io/hf_model.h"
 #include "io/hub.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "model/weights.h"
 
@@ -24,6 +25,7 @@ struct LoadedModel {
   std::unique_ptr<WeightSource> weights;
   std::string source;  // "preset gemma4-tiny (seed 42)" or the directory
   LoadReport report;   // a directory's: files, bytes, prefix
+  LoraSpec lora;       // the adapters the registry carries (io/peft_adapter.h AttachLora)
 };
 
 // verify_checksums: a slicetrain checkpoint's files are hashed against its checksums.sha256 first

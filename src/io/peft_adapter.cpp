@@ -1,0 +1,225 @@
+#include "io/peft_adapter.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "io/hf_model.h"
+#include "io/safetensors.h"
+
+namespace st {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+// A PEFT option that slicetrain does not run is an error, never ignored: `field` set to anything
+// but its default.
+Status RefuseIfSet(const json& j, const std::string& path, const char* field, const char* what) {
+  if (!j.contains(field)) return Status::Ok();
+  const json& v = j[field];
+  const bool unset = v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
+                     ((v.is_object() || v.is_array()) && v.empty()) ||
+                     (v.is_string() && (v == "none" || v.get<std::string>().empty()));
+  if (unset) return Status::Ok();
+  return InvalidArgument(StrCat(path, ": ", field, " = ", v.dump(), " (", what,
+                                ") is not supported by slicetrain; use a plain LoRA adapter"));
+}
+
+// Reads the tensors of adapter_model.safetensors for the adapter entries of a registry.
+class PeftAdapterWeights : public WeightSource {
+ public:
+  static StatusOr<std::unique_ptr<PeftAdapterWeights>> Open(const std::string& dir,
+                                                            const ParamRegistry& reg,
+                                                            const std::string& text_prefix) {
+    const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
+    ST_ASSIGN_OR_RETURN(SafeTensorsFile file, SafeTensorsFile::Open(path));
+    std::unique_ptr<PeftAdapterWeights> w(new PeftAdapterWeights(reg));
+    w->file_ = std::make_unique<SafeTensorsFile>(std::move(file));
+    w->where_.assign(reg.layout.size(), nullptr);
+    std::set<std::string> used;
+    for (int i = reg.base_entries; i < reg.layout.size(); ++i) {
+      const ArenaEntry& e = reg.layout.entry(i);
+      const std::string name = PeftTensorName(e.name, text_prefix);
+      const SafeTensorInfo* t = w->file_->Find(name);
+      if (!t)
+        return DataLoss(StrCat(path, ": no tensor ", name,
+                               "; the adapter does not match adapter_config.json and this model"));
+      if (t->shape != e.shape)
+        return DataLoss(StrCat(path, ": ", name, " has shape ", ShapeString(t->shape),
+                               ", the model and adapter_config.json need ", ShapeString(e.shape)));
+      if (!SafeTensorsFile::IsFloatDType(t->dtype))
+        return DataLoss(StrCat(path, ": ", name, " has dtype ", t->dtype, ", not a float type"));
+      w->where_[static_cast<size_t>(i)] = t;
+      used.insert(name);
+    }
+    for (const SafeTensorInfo& t : w->file_->tensors())
+      if (!used.count(t.name))
+        return DataLoss(StrCat(path, ": tensor ", t.name,
+                               " is not an adapter of the modules adapter_config.json targets in "
+                               "this model (modules_to_save and other adapter types are not "
+                               "supported)"));
+    return w;
+  }
+
+  void Read(int entry, int64_t begin, int64_t count, float* dst) const override {
+    const SafeTensorInfo* t = where_[static_cast<size_t>(entry)];
+    ST_CHECK(t != nullptr) << "adapter file has no entry " << entry;
+    file_->ReadF32Range(*t, begin, count, dst);
+  }
+  DType dtype() const override { return DType::kF32; }
+
+ private:
+  explicit PeftAdapterWeights(const ParamRegistry& reg) : WeightSource(reg) {}
+  std::unique_ptr<SafeTensorsFile> file_;
+  std::vector<const SafeTensorInfo*> where_;
+};
+
+}  // namespace
+
+bool IsAdapterDir(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / kAdapterConfigFile, ec);
+}
+
+StatusOr<PeftAdapterConfig> ReadPeftAdapterConfig(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kAdapterConfigFile).string();
+  std::ifstream in(path);
+  if (!in)
+    return NotFound(StrCat(path, ": cannot open; --adapter must name a PEFT adapter directory"));
+  const json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return DataLoss(StrCat(path, ": not a JSON object"));
+  const std::string type = j.value("peft_type", std::string());
+  if (type != "LORA")
+    return InvalidArgument(
+        StrCat(path, ": peft_type '", type, "' is not supported by slicetrain (LORA only)"));
+  for (auto [field, what] : std::vector<std::pair<const char*, const char*>>{
+           {"use_dora", "DoRA"},
+           {"bias", "trained biases"},
+           {"lora_bias", "a bias on lora_B"},
+           {"fan_in_fan_out", "Conv1D-style weights"},
+           {"rank_pattern", "per-module ranks"},
+           {"alpha_pattern", "per-module alphas"},
+           {"layers_to_transform", "a subset of layers"},
+           {"layer_replication", "replicated layers"},
+           {"exclude_modules", "excluded modules"},
+           {"modules_to_save", "fully trained extra modules"},
+           {"target_parameters", "adapters on parameters"},
+           {"trainable_token_indices", "trainable token rows"},
+           {"use_qalora", "QA-LoRA"},
+           {"use_bdlora", "block-diagonal LoRA"}})
+    ST_RETURN_IF_ERROR(RefuseIfSet(j, path, field, what));
+  PeftAdapterConfig c;
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1)
+    return DataLoss(StrCat(path, ": r must be a positive integer"));
+  c.r = j["r"].get<int64_t>();
+  c.lora_alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number()
+                     ? j["lora_alpha"].get<double>()
+                     : 8.0;  // PEFT's default
+  c.lora_dropout = j.contains("lora_dropout") && j["lora_dropout"].is_number()
+                       ? j["lora_dropout"].get<double>()
+                       : 0.0;
+  c.use_rslora =
+      j.contains("use_rslora") && j["use_rslora"].is_boolean() && j["use_rslora"].get<bool>();
+  const json& t = j.contains("target_modules") ? j["target_modules"] : json();
+  if (t.is_string()) {
+    // PEFT's string form is a regex, except its "all-linear" shorthand.
+    if (t.get<std::string>() == "all-linear")
+      c.targets.names = {"all-linear"};
+    else
+      c.targets.regex = t.get<std::string>();
+  } else if (t.is_array() && !t.empty()) {
+    for (const json& n : t) {
+      if (!n.is_string()) return DataLoss(StrCat(path, ": target_modules holds a non-string"));
+      c.targets.names.push_back(n.get<std::string>());
+    }
+  } else {
+    return DataLoss(StrCat(path, ": target_modules must be a list of names or a regex"));
+  }
+  if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+    c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
+  return c;
+}
+
+std::string PeftAdapterConfigJson(const PeftAdapterConfig& c) {
+  json j = json::object();
+  j["alpha_pattern"] = json::object();
+  j["auto_mapping"] = nullptr;
+  j["base_model_name_or_path"] = c.base_model_name_or_path;
+  j["bias"] = "none";
+  j["exclude_modules"] = nullptr;
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["layer_replication"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["lora_alpha"] = c.lora_alpha;
+  j["lora_bias"] = false;
+  j["lora_dropout"] = c.lora_dropout;
+  j["modules_to_save"] = nullptr;
+  j["peft_type"] = "LORA";
+  j["r"] = c.r;
+  j["rank_pattern"] = json::object();
+  j["revision"] = nullptr;
+  if (!c.targets.regex.empty()) {
+    j["target_modules"] = c.targets.regex;
+  } else if (c.targets.names.size() == 1 && c.targets.names[0] == "all-linear") {
+    j["target_modules"] = "all-linear";
+  } else {
+    std::set<std::string> sorted(c.targets.names.begin(), c.targets.names.end());
+    j["target_modules"] = json(std::vector<std::string>(sorted.begin(), sorted.end()));
+  }
+  j["task_type"] = "CAUSAL_LM";
+  j["use_dora"] = false;
+  j["use_rslora"] = c.use_rslora;
+  return j.dump(2) + "\n";
+}
+
+std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix) {
+  return kPeftPrefix + text_prefix + registry_name;
+}
+
+StatusOr<LoraSpec> LoraSpecFor(const LoadedModel& model, const PeftAdapterConfig& c) {
+  if (c.r < 1) return InvalidArgument("the LoRA rank must be at least 1");
+  if (c.lora_dropout < 0 || c.lora_dropout >= 1)
+    return InvalidArgument(StrCat("the LoRA dropout must be in [0, 1), got ", c.lora_dropout));
+  LoraSpec spec;
+  ST_ASSIGN_OR_RETURN(spec.targets,
+                      SelectLoraTargets(model.registry, c.targets, TextPrefixFor(model.config)));
+  spec.rank = c.r;
+  spec.scaling = LoraScaling(c.r, c.lora_alpha, c.use_rslora);
+  spec.dropout = c.lora_dropout;
+  return spec;
+}
+
+Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
+                  const std::string& adapter_dir) {
+  ST_CHECK(!model->registry.HasAdapters()) << "adapters attached twice";
+  ParamRegistry reg = model->registry;
+  AddLoraAdapters(&reg, spec);
+  std::unique_ptr<WeightSource> adapters;
+  if (!adapter_dir.empty()) {
+    ST_ASSIGN_OR_RETURN(adapters,
+                        PeftAdapterWeights::Open(adapter_dir, reg, TextPrefixFor(model->config)));
+  }
+  model->weights =
+      std::make_unique<LoraWeights>(reg, std::move(model->weights), seed, std::move(adapters));
+  model->registry = std::move(reg);
+  model->lora = spec;
+  return Status::Ok();
+}
+
+Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir) {
+  ST_ASSIGN_OR_RETURN(PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
+  StatusOr<LoraSpec> spec = LoraSpecFor(*model, c);
+  if (!spec.ok()) return spec.status().WithContext(adapter_dir);
+  return AttachLora(model, spec.value(), 0, adapter_dir);
+}
+
+}  // namespace st

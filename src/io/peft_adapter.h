@@ -1,0 +1,54 @@
+// PEFT LoRA adapter directories, as peft.PeftModel.save_pretrained writes them and
+// PeftModel.from_pretrained reads them: adapter_config.json (r, lora_alpha, target_modules, ...)
+// and adapter_model.safetensors with the adapters under PEFT's names
+// ("base_model.model.<text prefix>layers.0.self_attn.q_proj.lora_A.weight"). Reads adapters made by
+// PEFT or by slicetrain, refusing what slicetrain cannot run (DoRA, other adapter types, biases,
+// per-layer rank patterns) with one line; writes what a slicetrain run trained. Not the training
+// state (the resume shards beside it) and not the model: the base stays where it was.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "io/model_loader.h"
+#include "model/lora.h"
+
+namespace st {
+
+constexpr const char* kAdapterConfigFile = "adapter_config.json";
+constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
+
+struct PeftAdapterConfig {
+  int64_t r = 0;
+  double lora_alpha = 0;
+  double lora_dropout = 0;
+  bool use_rslora = false;
+  LoraTargets targets;
+  std::string base_model_name_or_path;
+};
+
+// A directory holds an adapter when it has adapter_config.json.
+bool IsAdapterDir(const std::string& dir);
+StatusOr<PeftAdapterConfig> ReadPeftAdapterConfig(const std::string& dir);
+// PEFT's JSON for `c`: the fields PEFT 0.21 writes for a LoRA of a causal LM.
+std::string PeftAdapterConfigJson(const PeftAdapterConfig& c);
+
+// The name PEFT gives a registry adapter entry of a model whose text decoder sits at `prefix`.
+std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix);
+
+// The LoRA spec of a run on `model` (its base registry): targets selected under the model's
+// text prefix, scaling from alpha and rsLoRA.
+StatusOr<LoraSpec> LoraSpecFor(const LoadedModel& model, const PeftAdapterConfig& c);
+
+// Turns a loaded base model into one with adapters: the registry gains the adapters of `spec`
+// and the weights serve them from PEFT's initialisation (seeded) or, with `adapter_dir`, from
+// that directory's adapter_model.safetensors (every adapter tensor present with its shape, a float
+// dtype; unknown LoRA tensors are an error).
+Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
+                  const std::string& adapter_dir = "");
+// AttachLora with the spec and tensors of an adapter directory.
+Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir);
+
+}  // namespace st
