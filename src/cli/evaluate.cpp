@@ -9,7 +9,9 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "io/files.h"
 #include "io/model_loader.h"
+#include "io/peft_adapter.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "train/trainer.h"
@@ -25,7 +27,7 @@ DatasetOptions WithSplit(const std::string& split) {
 }
 
 struct EvaluateArgs {
-  std::string model_id, tokenizer, data_dir;
+  std::string model_id, adapter, tokenizer, data_dir;
   DatasetOptions dataset = WithSplit("train[:1024]");
   int64_t max_seq_len = 64, batch_size = 8;
   bool json = false;
@@ -44,9 +46,15 @@ Status Run(const EvaluateArgs& a) {
                      a.dataset.path.empty() ||
                          (a.tokenizer.empty() && !std::filesystem::is_directory(model_id, ec))));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
+  if (!a.adapter.empty()) {
+    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(a.adapter, {kAdapterConfigFile, kAdapterWeightsFile})
+                           .WithContext("--adapter " + a.adapter));
+    ST_RETURN_IF_ERROR(AttachPeftAdapter(&m, a.adapter));
+  }
   // Forward only: one layer's activations at a time, the loss in tiles.
   EngineOptions forward_only;
   forward_only.training = false;
+  forward_only.lora = m.lora;
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len, forward_only));
   ST_ASSIGN_OR_RETURN(
       InstructionData data,
@@ -109,6 +117,9 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("evaluate", "Loss and perplexity of a checkpoint on a data set");
   cmd->add_option("--model-id", a->model_id, "Checkpoint / HF model directory or preset")
       ->required();
+  cmd->add_option("--adapter", a->adapter,
+                  "PEFT LoRA adapter directory (a --lora-rank checkpoint, or one PEFT saved) "
+                  "applied to --model-id");
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json / directory (default: the model's)");
   cmd->add_option("--dataset", a->dataset.path, "Instruction data set (default: bundled)");
   cmd->add_option("--dataset-split", a->dataset.split, "HF split syntax")->capture_default_str();

@@ -51,6 +51,11 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   std::snprintf(lr, sizeof(lr), "%.17g", o.lr);
   std::snprintf(wd, sizeof(wd), "%.17g", o.weight_decay);
   std::snprintf(clip, sizeof(clip), "%.17g", o.max_grad_norm);
+  auto Num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return std::string(buf);
+  };
   std::vector<std::string> cmd = {"finetune",
                                   "--model-id",
                                   o.model_id,
@@ -98,6 +103,14 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.activation_checkpointing,
                                   "--freeze",
                                   o.freeze,
+                                  "--lora-rank",
+                                  s(o.lora_rank),
+                                  "--lora-alpha",
+                                  Num(o.lora_alpha),
+                                  "--lora-dropout",
+                                  Num(o.lora_dropout),
+                                  "--lora-target-modules",
+                                  o.lora_target_modules,
                                   "--save-dtype",
                                   o.save_dtype,
                                   "--max-shard-size",
@@ -113,6 +126,7 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   "--timeout-ms",
                                   s(a.timeout_ms)};
   if (o.resume) cmd.push_back("--resume");
+  if (o.use_rslora) cmd.push_back("--use-rslora");
   char linger[32];
   std::snprintf(linger, sizeof(linger), "%.17g", a.dashboard_linger_s);
   cmd.insert(cmd.end(), {"--dashboard-host", a.dashboard_host, "--dashboard-port",
@@ -230,7 +244,12 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       ST_RETURN_IF_ERROR(ParseActivationCheckpointing(a.o.activation_checkpointing).status());
     if (!cfg.ok() && a.dry_run) return cfg.status();
     if (cfg.ok()) {
-      const ParamRegistry registry = BuildParamRegistry(*cfg);
+      ParamRegistry registry = BuildParamRegistry(*cfg);
+      if (const std::optional<PeftAdapterConfig> adapter = AdapterConfigOf(a.o)) {
+        StatusOr<LoraSpec> spec = LoraSpecFor(*cfg, registry, *adapter);
+        if (!spec.ok()) return spec.status().WithContext("--lora-target-modules");
+        AddLoraAdapters(&registry, *spec);
+      }
       ST_ASSIGN_OR_RETURN(const Trainable trainable, TrainableTensors(registry, a.o.freeze));
       const int local = env.is_worker() ? env.local_world_size : topo.world_size();
       const size_t available = launch::AvailableMemoryBytes();
@@ -263,6 +282,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       if (a.dry_run || !env.is_worker() || env.local_rank == 0) {
         EngineOptions engine;
         engine.checkpointing = shape.checkpointing;
+        engine.lora = LoraSpecOf(registry);
         ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, shape.batch, shape.seq, engine));
         ST_RETURN_IF_ERROR(CheckHostMemory(estimate, local, available, a.o.model_id));
       }
@@ -371,6 +391,22 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                   "Regex of tensor names to freeze (no gradient or optimizer state; read from "
                   "--model-id as needed, never copied whole)")
       ->capture_default_str();
+  cmd->add_option("--lora-rank", o.lora_rank,
+                  "LoRA rank R: train low-rank adapters (PEFT's LoRA) on a frozen base instead of "
+                  "every weight; checkpoints are PEFT adapter directories. 0 = full fine-tuning")
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", o.lora_alpha,
+                  "LoRA alpha: the adapters' output is scaled by alpha / R (default 2 x R)");
+  cmd->add_option("--lora-dropout", o.lora_dropout,
+                  "Dropout on the adapters' input, as PEFT's lora_dropout (default 0)");
+  cmd->add_option(
+      "--lora-target-modules", o.lora_target_modules,
+      "Comma-separated module names to adapt, as PEFT's target_modules (q_proj, k_proj, "
+      "v_proj, o_proj, gate_proj, up_proj, down_proj, per_layer_input_gate, "
+      "per_layer_projection, per_layer_model_projection) or all-linear; default "
+      "PEFT's for Gemma: q_proj,v_proj");
+  cmd->add_flag("--use-rslora", o.use_rslora,
+                "Rank-stabilised LoRA: scale by alpha / sqrt(R) instead of alpha / R");
   cmd->add_option("--save-dtype", o.save_dtype,
                   "dtype of the trained tensors in each checkpoint's model files: bf16, fp16 or "
                   "fp32 (default: the --model-id checkpoint's, fp32 for a preset); frozen tensors "

@@ -11,6 +11,13 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed, bool
   LoadedModel m;
   std::error_code ec;
   if (std::filesystem::is_directory(model_id, ec)) {
+    if (!std::filesystem::exists(std::filesystem::path(model_id) / "config.json", ec) &&
+        std::filesystem::exists(std::filesystem::path(model_id) / "adapter_config.json", ec))
+      return InvalidArgument(StrCat(
+          model_id,
+          " is a LoRA adapter (adapter_config.json), not a model: pass its base model as "
+          "--model-id and this directory as --adapter (its adapter_config.json names the base "
+          "as base_model_name_or_path)"));
     ST_ASSIGN_OR_RETURN(std::vector<std::string> files, ModelWeightFiles(model_id));
     // A slicetrain checkpoint lists the SHA-256 of its files: an altered or truncated one is
     // refused here, before its bytes become weights (a flipped bit inside a tensor still parses).

@@ -1,5 +1,6 @@
 #include "io/peft_adapter.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -181,17 +182,82 @@ std::string PeftAdapterConfigJson(const PeftAdapterConfig& c) {
   return j.dump(2) + "\n";
 }
 
+LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix) {
+  if (!t.regex.empty() || text_prefix == "model.") return t;
+  std::vector<std::string> names = t.names;
+  if (names.size() == 1 && names[0] == "all-linear")
+    names = {"q_proj",
+             "k_proj",
+             "v_proj",
+             "o_proj",
+             "gate_proj",
+             "up_proj",
+             "down_proj",
+             "per_layer_input_gate",
+             "per_layer_projection",
+             "per_layer_model_projection"};
+  LoraTargets out;
+  out.regex = R"(.*language_model\.(.*\.)?()";
+  for (size_t i = 0; i < names.size(); ++i) out.regex += (i ? "|" : "") + names[i];
+  out.regex += ")";
+  return out;
+}
+
+Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DType dtype,
+                        uint64_t max_shard_bytes) {
+  const ParamRegistry& reg = model.registry;
+  const ParamRegistry base = BuildParamRegistry(model.config);
+  const WeightSource& source = *model.weights;
+  std::vector<DType> dtypes(static_cast<size_t>(base.layout.size()), dtype);
+  for (int i = 0; i < base.layout.size(); ++i)
+    if (reg.lora_a[static_cast<size_t>(i)] < 0)
+      if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) dtypes[i] = s->dtype;
+  ST_ASSIGN_OR_RETURN(
+      std::unique_ptr<HfModelWriter> out,
+      HfModelWriter::Create(out_dir, model.config, base, dtypes, dtype, max_shard_bytes));
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  std::vector<float> buf;
+  for (int i = 0; i < base.layout.size(); ++i) {
+    const ArenaEntry& e = base.layout.entry(i);
+    if (reg.lora_a[static_cast<size_t>(i)] >= 0) {
+      buf.resize(static_cast<size_t>(e.numel));
+      MergeLora(reg, source, i, buf.data());
+      ST_RETURN_IF_ERROR(out->AppendF32(i, buf.data(), e.numel));
+      source.Release(i);
+      continue;
+    }
+    if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) {
+      constexpr size_t kBytes = size_t{16} << 20;
+      const size_t elem = DTypeSize(s->dtype);
+      for (size_t off = 0; off < s->bytes; off += kBytes) {
+        const size_t n = std::min(kBytes, s->bytes - off);
+        ST_RETURN_IF_ERROR(
+            out->AppendStored(i, static_cast<const char*>(s->data) + off, n, s->dtype));
+        source.Release(i, static_cast<int64_t>(off / elem), static_cast<int64_t>(n / elem));
+      }
+      continue;
+    }
+    buf.resize(static_cast<size_t>(std::min(kChunk, e.numel)));
+    for (int64_t j = 0; j < e.numel; j += kChunk) {
+      const int64_t n = std::min(kChunk, e.numel - j);
+      source.Read(i, j, n, buf.data());
+      ST_RETURN_IF_ERROR(out->AppendF32(i, buf.data(), n));
+    }
+  }
+  return out->Finish();
+}
+
 std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix) {
   return kPeftPrefix + text_prefix + registry_name;
 }
 
-StatusOr<LoraSpec> LoraSpecFor(const LoadedModel& model, const PeftAdapterConfig& c) {
+StatusOr<LoraSpec> LoraSpecFor(const Gemma4Config& config, const ParamRegistry& base,
+                               const PeftAdapterConfig& c) {
   if (c.r < 1) return InvalidArgument("the LoRA rank must be at least 1");
   if (c.lora_dropout < 0 || c.lora_dropout >= 1)
     return InvalidArgument(StrCat("the LoRA dropout must be in [0, 1), got ", c.lora_dropout));
   LoraSpec spec;
-  ST_ASSIGN_OR_RETURN(spec.targets,
-                      SelectLoraTargets(model.registry, c.targets, TextPrefixFor(model.config)));
+  ST_ASSIGN_OR_RETURN(spec.targets, SelectLoraTargets(base, c.targets, TextPrefixFor(config)));
   spec.rank = c.r;
   spec.scaling = LoraScaling(c.r, c.lora_alpha, c.use_rslora);
   spec.dropout = c.lora_dropout;
@@ -217,7 +283,7 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
 
 Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir) {
   ST_ASSIGN_OR_RETURN(PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
-  StatusOr<LoraSpec> spec = LoraSpecFor(*model, c);
+  StatusOr<LoraSpec> spec = LoraSpecFor(model->config, model->registry, c);
   if (!spec.ok()) return spec.status().WithContext(adapter_dir);
   return AttachLora(model, spec.value(), 0, adapter_dir);
 }

@@ -35,12 +35,19 @@ StatusOr<PeftAdapterConfig> ReadPeftAdapterConfig(const std::string& dir);
 // PEFT's JSON for `c`: the fields PEFT 0.21 writes for a LoRA of a causal LM.
 std::string PeftAdapterConfigJson(const PeftAdapterConfig& c);
 
+// target_modules as an adapter_config.json for a model whose text decoder sits at `text_prefix`
+// must say them: names (or all-linear) unchanged for a causal LM; for a multimodal model a regex
+// limited to the language model (PEFT's own form for gemma4), so that PEFT does not also wrap the
+// vision and audio towers' layers of the same names.
+LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix);
+
 // The name PEFT gives a registry adapter entry of a model whose text decoder sits at `prefix`.
 std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix);
 
 // The LoRA spec of a run on `model` (its base registry): targets selected under the model's
 // text prefix, scaling from alpha and rsLoRA.
-StatusOr<LoraSpec> LoraSpecFor(const LoadedModel& model, const PeftAdapterConfig& c);
+StatusOr<LoraSpec> LoraSpecFor(const Gemma4Config& config, const ParamRegistry& base,
+                               const PeftAdapterConfig& c);
 
 // Turns a loaded base model into one with adapters: the registry gains the adapters of `spec`
 // and the weights serve them from PEFT's initialisation (seeded) or, with `adapter_dir`, from
@@ -50,5 +57,11 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
                   const std::string& adapter_dir = "");
 // AttachLora with the spec and tensors of an adapter directory.
 Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir);
+
+// `slicetrain export`: the base model with its adapters merged (W + s B A, PEFT's
+// merge_and_unload) as a Hugging Face model directory, streamed tensor by tensor: merged tensors
+// in `dtype`, the others copied as the base stores them. `model` carries the adapters.
+Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DType dtype,
+                        uint64_t max_shard_bytes);
 
 }  // namespace st

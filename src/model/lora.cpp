@@ -112,6 +112,17 @@ double LoraScaling(int64_t rank, double alpha, bool use_rslora) {
                     : alpha / static_cast<double>(rank);
 }
 
+LoraSpec LoraSpecOf(const ParamRegistry& reg) {
+  LoraSpec s;
+  if (!reg.HasAdapters()) return s;
+  for (int e = 0; e < reg.base_entries; ++e)
+    if (reg.lora_a[static_cast<size_t>(e)] >= 0) s.targets.push_back(e);
+  s.rank = reg.lora_rank;
+  s.scaling = reg.lora_scaling;
+  s.dropout = reg.lora_dropout;
+  return s;
+}
+
 ParamRegistry BuildParamRegistry(const Gemma4Config& cfg, const LoraSpec& spec) {
   ParamRegistry reg = BuildParamRegistry(cfg);
   AddLoraAdapters(&reg, spec);
@@ -143,6 +154,25 @@ void AddLoraAdapters(ParamRegistry* reg, const LoraSpec& spec) {
   reg->lora_rank = rank;
   reg->lora_scaling = static_cast<float>(spec.scaling);
   reg->lora_dropout = static_cast<float>(spec.dropout);
+}
+
+void MergeLora(const ParamRegistry& reg, const WeightSource& w, int entry, float* merged) {
+  const ArenaEntry& e = reg.layout.entry(entry);
+  const int64_t rows = e.shape[0], cols = e.shape[1], R = reg.lora_rank;
+  w.ReadAll(entry, merged);
+  std::vector<float> A(static_cast<size_t>(R * cols)), B(static_cast<size_t>(rows * R));
+  w.ReadAll(reg.lora_a[static_cast<size_t>(entry)], A.data());
+  w.ReadAll(reg.lora_b[static_cast<size_t>(entry)], B.data());
+  const double s = reg.lora_scaling;
+#pragma omp parallel for schedule(static) if (rows * cols * R > (1 << 18))
+  for (int64_t o = 0; o < rows; ++o) {
+    float* out = merged + o * cols;
+    for (int64_t r = 0; r < R; ++r) {
+      const float b = static_cast<float>(s * B[static_cast<size_t>(o * R + r)]);
+      const float* a = A.data() + r * cols;
+      for (int64_t i = 0; i < cols; ++i) out[i] += b * a[i];
+    }
+  }
 }
 
 LoraWeights::LoraWeights(const ParamRegistry& reg, std::unique_ptr<WeightSource> base,

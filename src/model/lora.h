@@ -53,6 +53,9 @@ struct LoraSpec {
   bool enabled() const { return rank > 0; }
 };
 
+// The spec of the adapters a registry carries (none: rank 0).
+LoraSpec LoraSpecOf(const ParamRegistry& reg);
+
 // Appends the adapters of `spec` to a base registry (nothing when !spec.enabled()).
 void AddLoraAdapters(ParamRegistry* reg, const LoraSpec& spec);
 // The base registry of cfg plus spec's adapters.
@@ -60,6 +63,10 @@ ParamRegistry BuildParamRegistry(const Gemma4Config& cfg, const LoraSpec& spec);
 
 // s = alpha / R, or alpha / sqrt(R) with rsLoRA.
 double LoraScaling(int64_t rank, double alpha, bool use_rslora);
+
+// W + s B A for the adapted Linear `entry` of `reg` (its adapters read from `w`), into merged
+// [out, in]: what PEFT's merge_and_unload leaves in the layer. Accumulated in fp32.
+void MergeLora(const ParamRegistry& reg, const WeightSource& w, int entry, float* merged);
 
 // The LoRA dropout mask of one adapted Linear's input in one step: element j (row-major [N, in])
 // is kept when a counter-based hash of (seed, entry, j) is at least p * 2^32, and then scaled by

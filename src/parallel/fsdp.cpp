@@ -38,7 +38,9 @@ FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::Pr
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& lp = reg.layers[l];
     if (options.units == FsdpUnitMode::kMlp) {
-      for (int idx : {lp.gate_proj, lp.up_proj, lp.down_proj}) unit_of[idx] = UnitOfLayer(l);
+      for (int idx : {lp.gate_proj, lp.up_proj, lp.down_proj})
+        for (int e : {idx, reg.lora_a[idx], reg.lora_b[idx]})  // the MLP's adapters with it
+          if (e >= 0) unit_of[e] = UnitOfLayer(l);
     } else {
       const std::string prefix = "layers." + std::to_string(l) + ".";
       for (int i = 0; i < reg.layout.size(); ++i)

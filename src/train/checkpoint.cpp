@@ -124,6 +124,45 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
   return status;
 }
 
+Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
+                        dist::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype) {
+  const ParamRegistry& reg = model.registry;
+  const bool writer = pg.rank() == 0;
+  const std::string prefix = TextPrefixFor(model.config);
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < reg.layout.size(); ++i)
+    if (fsdp.trainable(i)) {
+      const ArenaEntry& e = reg.layout.entry(i);
+      specs.push_back({PeftTensorName(e.name, prefix), dtype, e.shape});
+    }
+  Status status;  // rank 0's first write error; the gathers go on so that no rank is left waiting
+  SafeTensorsWriter out;
+  if (writer) {
+    PeftAdapterConfig c = adapter;
+    c.targets = PeftTargetsFor(adapter.targets, prefix);
+    status = WriteFileDurably((fs::path(pending) / kAdapterConfigFile).string(),
+                              PeftAdapterConfigJson(c));
+    if (status.ok()) {
+      StatusOr<SafeTensorsWriter> w = SafeTensorsWriter::Create(
+          (fs::path(pending) / kAdapterWeightsFile).string(), specs, {{"format", "pt"}});
+      if (w.ok())
+        out = std::move(w).value();
+      else
+        status = w.status();
+    }
+  }
+  std::vector<float> tensor;
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (!fsdp.trainable(i)) continue;
+    tensor.resize(static_cast<size_t>(reg.layout.entry(i).numel));
+    ST_RETURN_IF_ERROR(fsdp.GatherTensor(i, tensor.data()));
+    if (writer && status.ok())
+      status = out.AppendF32(tensor.data(), static_cast<int64_t>(tensor.size()));
+  }
+  if (writer && status.ok()) status = out.Commit();
+  return status;
+}
+
 Status CommitCheckpoint(const std::string& pending, const std::string& dir,
                         const CheckpointContent& c) {
   std::error_code ec;

@@ -20,6 +20,7 @@
 #include "io/files.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
+#include "io/peft_adapter.h"
 #include "parallel/fsdp.h"
 
 namespace st {
@@ -51,6 +52,13 @@ struct HfExportOptions {
 Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
                     dist::ProcessGroup& pg, const dist::CollectiveOptions& collective,
                     const HfExportOptions& options);
+
+// Every rank, once rank 0 has created `pending`: a LoRA run's PEFT adapter directory written by
+// rank 0 (adapter_config.json, adapter_model.safetensors with every trained tensor, i.e. the
+// adapters, under PEFT's names in `dtype`), each assembled from every rank's piece as in
+// WriteHfModel (one all-gather per adapter tensor, in registry order on every rank).
+Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
+                        dist::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype);
 
 // What rank 0 adds to the ranks' shards and the model.
 struct CheckpointContent {

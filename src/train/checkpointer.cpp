@@ -137,8 +137,12 @@ Status Checkpointer::Save(const TrainState& state, const std::string& metrics_js
   ST_RETURN_IF_ERROR(pg_.Barrier(collective_));
   ST_RETURN_IF_ERROR(
       WriteCheckpointShard(pending, fsdp_, rank, world, state.epoch, state.global_step));
-  ST_RETURN_IF_ERROR(
-      WriteHfModel(pending, model_, fsdp_, pg_, collective_, options_.export_options));
+  if (options_.adapter)  // LoRA: the adapters as PEFT saves them; the base stays where it is
+    ST_RETURN_IF_ERROR(
+        WritePeftAdapter(pending, model_, fsdp_, pg_, *options_.adapter, options_.adapter_dtype));
+  else
+    ST_RETURN_IF_ERROR(
+        WriteHfModel(pending, model_, fsdp_, pg_, collective_, options_.export_options));
   ST_RETURN_IF_ERROR(pg_.Barrier(collective_));
   if (rank != 0) return Status::Ok();
   const std::string dir = (fs::path(options_.run_dir) / ("checkpoint_" + TimeStamp())).string();

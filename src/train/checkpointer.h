@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "dist/process_group.h"
 #include "io/model_loader.h"
+#include "io/peft_adapter.h"
 #include "parallel/fsdp.h"
 #include "train/checkpoint.h"
 #include "train/step_metrics.h"
@@ -31,6 +33,10 @@ struct CheckpointerOptions {
   bool lower_is_better = true;
   // The Hugging Face model's dtype and file size limit (--save-dtype, --max-shard-size).
   HfExportOptions export_options;
+  // A LoRA run: each checkpoint is a PEFT adapter directory (adapter_config.json and
+  // adapter_model.safetensors in adapter_dtype) instead of a model.
+  std::optional<PeftAdapterConfig> adapter;
+  DType adapter_dtype = DType::kF32;
   // Fields added to every trainer_state.json (seed, model_id, fsdp_units, dataset_split).
   nlohmann::json run_state = nlohmann::json::object();
 };

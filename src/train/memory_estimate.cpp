@@ -26,7 +26,9 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   double frozen_root = 0, lookup = 0, largest_trained = 0;
   std::vector<bool> is_mlp(registry.layout.size(), false);
   for (const LayerParams& lp : registry.layers)
-    for (int id : {lp.gate_proj, lp.up_proj, lp.down_proj}) is_mlp[id] = true;
+    for (int id : {lp.gate_proj, lp.up_proj, lp.down_proj})
+      for (int e : {id, registry.lora_a[id], registry.lora_b[id]})
+        if (e >= 0) is_mlp[e] = true;
   for (int i = 0; i < registry.layout.size(); ++i) {
     const ArenaEntry& e = registry.layout.entry(i);
     const double n = static_cast<double>(e.numel);
@@ -65,6 +67,7 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   e.frozen_fp32 = f32 * (frozen_root + frozen_slot[0] + frozen_slot[1]);
   EngineOptions engine;
   engine.checkpointing = shape.checkpointing;
+  engine.lora = LoraSpecOf(registry);
   const double engine_bytes =
       EstimateActivationBytes(config, shape.batch, shape.seq, engine, shape.threads);
   e.workspace = EstimateWorkspaceBytes(config, shape.batch, shape.seq, engine, shape.threads);

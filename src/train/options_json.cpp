@@ -29,6 +29,11 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"fsdp_units", o.fsdp_units},
           {"activation_checkpointing", o.activation_checkpointing},
           {"freeze", o.freeze},
+          {"lora_rank", o.lora_rank},
+          {"lora_alpha", o.lora_alpha},
+          {"lora_dropout", o.lora_dropout},
+          {"lora_target_modules", o.lora_target_modules},
+          {"use_rslora", o.use_rslora},
           {"save_dtype", o.save_dtype},
           {"max_shard_size", o.max_shard_size},
           {"resume", o.resume}};

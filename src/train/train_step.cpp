@@ -20,6 +20,12 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   for (uint8_t v : mask) out.real_tokens += v;
   const auto s1 = Clock::now();
   p.fsdp.ZeroGrad();
+  // Dropout masks differ per step and per rank (each rank's batch is different data), and are
+  // the same when a resumed run redoes a step.
+  p.engine.SetDropoutSeed(
+      (p.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(state.global_step)) *
+          0x100000001b3ull +
+      static_cast<uint64_t>(p.pg.rank()));
   ST_ASSIGN_OR_RETURN(ForwardResult r, p.fsdp.ForwardBackward(p.engine, b));
   double clip_s = 0;  // grad_norm -1: rank 0 sums the ranks' squares instead
   if (p.max_grad_norm > 0) {

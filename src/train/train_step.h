@@ -27,6 +27,7 @@ struct StepParts {
   double max_grad_norm;  // 0 = no clipping
   dist::ProcessGroup& pg;
   dist::CollectiveOptions collective;
+  uint64_t seed = 0;  // the run's: with the step and the rank, the LoRA dropout masks' seed
 };
 
 struct StepResult {

@@ -7,6 +7,13 @@ namespace st {
 StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::string& regex) {
   Trainable t;
   t.mask.resize(registry.layout.size());
+  if (registry.HasAdapters()) {  // LoRA: the adapters train, the whole base is frozen
+    for (int i = 0; i < registry.layout.size(); ++i) {
+      t.mask[i] = i >= registry.base_entries;
+      if (!t.mask[i]) t.frozen += registry.layout.entry(i).numel;
+    }
+    return t;
+  }
   std::regex freeze;
   try {
     if (!regex.empty()) freeze = std::regex(regex);

@@ -17,7 +17,8 @@ struct Trainable {
   int64_t frozen = 0;      // elements matched by --freeze
 };
 
-// InvalidArgument for a regex that does not compile; "" freezes nothing.
+// InvalidArgument for a regex that does not compile; "" freezes nothing. A registry with LoRA
+// adapters trains them only (the regex is not used).
 StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::string& freeze);
 
 }  // namespace st

@@ -105,7 +105,41 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   if (!o.save_dtype.empty())
     ST_RETURN_IF_ERROR(ParseDTypeFlag(o.save_dtype).status().WithContext("--save-dtype"));
   ST_RETURN_IF_ERROR(ParseByteSize(o.max_shard_size).status().WithContext("--max-shard-size"));
+  if (o.lora_rank < 0 || o.lora_alpha < 0)
+    return InvalidArgument("--lora-rank and --lora-alpha must not be negative");
+  if (o.lora_dropout < 0 || o.lora_dropout >= 1)
+    return InvalidArgument(StrCat("--lora-dropout must be in [0, 1), got ", o.lora_dropout));
+  if (o.lora_rank == 0 &&
+      (o.lora_alpha > 0 || o.lora_dropout > 0 || !o.lora_target_modules.empty() || o.use_rslora))
+    return InvalidArgument(
+        "--lora-alpha, --lora-dropout, --lora-target-modules and --use-rslora need --lora-rank");
+  if (o.lora_rank > 0 && o.freeze != FinetuneOptions{}.freeze)
+    return InvalidArgument(
+        "--freeze has no effect with --lora-rank: the base model is frozen and only the adapters "
+        "train (training chosen base tensors beside them, PEFT's modules_to_save, is not "
+        "supported yet)");
   return Status::Ok();
+}
+
+std::optional<PeftAdapterConfig> AdapterConfigOf(const FinetuneOptions& o) {
+  if (o.lora_rank <= 0) return std::nullopt;
+  PeftAdapterConfig c;
+  c.r = o.lora_rank;
+  c.lora_alpha = o.lora_alpha > 0 ? o.lora_alpha : 2.0 * static_cast<double>(o.lora_rank);
+  c.lora_dropout = o.lora_dropout;
+  c.use_rslora = o.use_rslora;
+  c.targets = o.lora_target_modules.empty() ? DefaultLoraTargets()
+                                            : ParseLoraTargets(o.lora_target_modules);
+  c.base_model_name_or_path = o.model_id;
+  return c;
+}
+
+Status ApplyLora(const FinetuneOptions& o, LoadedModel* model) {
+  const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o);
+  if (!c) return Status::Ok();
+  StatusOr<LoraSpec> spec = LoraSpecFor(model->config, model->registry, *c);
+  if (!spec.ok()) return spec.status().WithContext("--lora-target-modules");
+  return AttachLora(model, *spec, o.seed);
 }
 
 namespace {
@@ -123,6 +157,7 @@ struct RunInputs {
 
 StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
+  ST_RETURN_IF_ERROR(ApplyLora(o, &m));
   const bool from_dir = fs::is_directory(o.model_id);
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(m.config, o.model_id, o.tokenizer, DatasetOf(o),
@@ -166,8 +201,9 @@ StatusOr<RunDir> OpenRunDir(const FinetuneOptions& o, int rank) {
 
 // The engine of a run: "auto" has been resolved by the memory plan before the workers started
 // (a trainer built directly, as in tests, takes none for it).
-EngineOptions EngineOptionsOf(const FinetuneOptions& o) {
+EngineOptions EngineOptionsOf(const FinetuneOptions& o, const LoadedModel& m) {
   EngineOptions e;
+  e.lora = m.lora;
   StatusOr<ActivationCheckpointing> c = ParseActivationCheckpointing(o.activation_checkpointing);
   if (c.ok()) e.checkpointing = *c;
   return e;
@@ -240,7 +276,8 @@ Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
       rank_(pg.rank()),
       world_(pg.size()),
       in_(std::move(in)),
-      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len, EngineOptionsOf(o)),
+      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len,
+              EngineOptionsOf(o, in_.model)),
       fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask, *in_.model.weights,
             FsdpOptionsOf(o, collective)),
       adam_(AdamWOf(o, in_.from_dir)),
@@ -289,6 +326,9 @@ CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
   c.export_options.dtype =
       o_.save_dtype.empty() ? in_.model.weights->dtype() : ParseDTypeFlag(o_.save_dtype).value();
   c.export_options.max_shard_bytes = ParseByteSize(o_.max_shard_size).value();
+  c.adapter = AdapterConfigOf(o_);
+  // Adapters are saved as trained (fp32, as PEFT saves them) unless --save-dtype says otherwise.
+  if (!o_.save_dtype.empty()) c.adapter_dtype = ParseDTypeFlag(o_.save_dtype).value();
   c.run_state = {{"seed", o_.seed},
                  {"model_id", o_.model_id},
                  {"fsdp_units", o_.fsdp_units},
@@ -327,7 +367,7 @@ Status Trainer::RunEpoch(TrainState& state) {
   // throughput then cover the steps run since.
   const int64_t skip = state.step_in_epoch;
   int64_t real_tokens = 0;
-  const StepParts parts{engine_, fsdp_, adam_, o_.max_grad_norm, pg_, collective_};
+  const StepParts parts{engine_, fsdp_, adam_, o_.max_grad_norm, pg_, collective_, o_.seed};
   for (int64_t i = skip; i < steps; ++i) {
     ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, in_.data.examples,
                                                    batches[static_cast<size_t>(i)], state));

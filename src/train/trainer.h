@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "dist/process_group.h"
+#include "io/peft_adapter.h"
 #include "model/config.h"
 #include "train/step_metrics.h"
 
@@ -59,7 +61,14 @@ struct FinetuneOptions {
   // start: the least recomputation that fits.
   std::string activation_checkpointing = "auto";
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
-  std::string data_dir;                            // where the bundled data lives
+  // LoRA (PEFT's LoraConfig): rank 0 = full fine-tuning. With a rank the base model is frozen and
+  // only the adapters train; checkpoints are PEFT adapter directories.
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;  // 0 = 2 x rank
+  double lora_dropout = 0;
+  std::string lora_target_modules;  // "" = PEFT's default for Gemma (q_proj,v_proj)
+  bool use_rslora = false;
+  std::string data_dir;  // where the bundled data lives
   // The Hugging Face model of each checkpoint: the dtype of the trained tensors ("" = the source
   // checkpoint's, fp32 for a preset) and the largest weight file (transformers' max_shard_size).
   std::string save_dtype;
@@ -70,6 +79,13 @@ struct FinetuneOptions {
 // else the model directory's, else the bundled one), checked against the model's vocabulary, and
 // the data set's split (`dataset.path`, else the bundled set) formatted with the prompt template,
 // truncated and padded to max_seq_len.
+// The PEFT adapter of a --lora-rank run (its rank, alpha, dropout, targets, base model), none
+// without one.
+std::optional<PeftAdapterConfig> AdapterConfigOf(const FinetuneOptions& o);
+// Adds the adapters of a --lora-rank run to a loaded base model (initialised as PEFT does);
+// nothing without one.
+Status ApplyLora(const FinetuneOptions& o, LoadedModel* model);
+
 struct InstructionData {
   std::string tokenizer_dir;
   Tokenizer tokenizer;
