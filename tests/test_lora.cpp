@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
+#include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
@@ -405,6 +409,57 @@ TEST(Lora, DropoutIsReproducibleAndSurvivesCheckpointing) {
   EXPECT_NE(run(0.0, 1, ActivationCheckpointing::kNone).first, none.first);
 }
 
+// adapter_config.json: what slicetrain writes reads back; a multimodal model's names become
+// PEFT's language-model regex, selecting the same layers; PEFT options slicetrain cannot run are
+// refused by name.
+TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
+  const std::string dir = test::TempDir("peft_config");
+  PeftAdapterConfig c;
+  c.r = 16;
+  c.lora_alpha = 32;
+  c.lora_dropout = 0.05;
+  c.use_rslora = true;
+  c.targets = ParseLoraTargets("v_proj,q_proj");
+  c.base_model_name_or_path = "google/gemma-4-E2B-it";
+  { std::ofstream(dir + "/adapter_config.json") << PeftAdapterConfigJson(c); }
+  auto back = ReadPeftAdapterConfig(dir);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->r, 16);
+  EXPECT_EQ(back->lora_alpha, 32);
+  EXPECT_EQ(back->lora_dropout, 0.05);
+  EXPECT_TRUE(back->use_rslora);
+  EXPECT_EQ(back->targets.names, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(back->base_model_name_or_path, c.base_model_name_or_path);
+
+  const Gemma4Config cfg = MicroConfig();
+  const ParamRegistry reg = BuildParamRegistry(cfg);
+  for (const char* t : {"q_proj,v_proj", "all-linear", "down_proj,per_layer_model_projection"}) {
+    const LoraTargets names = ParseLoraTargets(t);
+    const LoraTargets re = PeftTargetsFor(names, "model.language_model.");
+    EXPECT_FALSE(re.regex.empty()) << t;
+    EXPECT_EQ(SelectLoraTargets(reg, re, "model.language_model.").value(),
+              SelectLoraTargets(reg, names, "model.").value())
+        << t << " as " << re.regex;
+    EXPECT_EQ(PeftTargetsFor(names, "model.").names, names.names) << t;
+  }
+
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"use_dora", "true"},
+                                                        {"bias", "\"all\""},
+                                                        {"rank_pattern", "{\"q_proj\": 8}"},
+                                                        {"modules_to_save", "[\"lm_head\"]"},
+                                                        {"layers_to_transform", "[0, 1]"},
+                                                        {"peft_type", "\"IA3\""}}) {
+    auto j = nlohmann::json::parse(PeftAdapterConfigJson(c));
+    j[field] = nlohmann::json::parse(value);
+    { std::ofstream(dir + "/adapter_config.json") << j.dump(); }
+    auto r = ReadPeftAdapterConfig(dir);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Adapters made by PEFT (tools/make_lora_fixtures.py): slicetrain reads the directory, and its
 // loss, logits and every adapter gradient equal PEFT's on the fixture's batch.
 TEST(LoraGolden, PeftAdapterLossLogitsAndGradients) {
@@ -456,6 +511,23 @@ TEST(LoraGolden, PeftAdapterLossLogitsAndGradients) {
       EXPECT_LT(RelError(grads.data() + e.offset, g.data(), e.numel), 3e-4) << e.name;
       ++compared;
     }
+    // The merged export equals PEFT's merge_and_unload.
+    const std::string out = test::TempDir("lora_merged");
+    ASSERT_TRUE(WriteMergedModel(m.value(), out, DType::kF32, kDefaultMaxShardBytes).ok());
+    auto merged = SafeTensorsFile::Open(out + "/model.safetensors");
+    ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+    int merged_tensors = 0;
+    for (const SafeTensorInfo& t : golden->tensors()) {
+      if (t.name.rfind("merged.", 0) != 0) continue;
+      const std::string hf = t.name.substr(7);
+      std::vector<float> want(static_cast<size_t>(Numel(t.shape))), got(want.size());
+      ASSERT_TRUE(golden->ReadF32(t.name, want.data(), t.shape).ok());
+      ASSERT_TRUE(merged->ReadF32(hf, got.data(), t.shape).ok()) << hf;
+      EXPECT_LT(RelError(got.data(), want.data(), got.size()), 1e-6) << hf;
+      ++merged_tensors;
+    }
+    EXPECT_EQ(merged_tensors, static_cast<int>(reg.layout.size() - reg.base_entries) / 2);
+    std::filesystem::remove_all(out);
     EXPECT_EQ(compared, static_cast<int>(golden->tensors().size()) - 5 -
                             static_cast<int>(reg.layout.size() - reg.base_entries) / 2 - 1);
   }

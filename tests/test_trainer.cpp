@@ -467,5 +467,152 @@ TEST(Finetune, BadFlagsAreOneLineErrors) {
   EXPECT_NE(b.out.find("contradicts"), std::string::npos) << b.out;
 }
 
+// LoRA end to end: the same global batch at 1, 2 and 4 workers gives the same losses; a run
+// killed inside an epoch and resumed writes the uninterrupted run's adapter byte for byte; the
+// checkpoint is a PEFT adapter directory that evaluate --adapter reads, and export merges it into
+// a model whose loss is the adapter's.
+TEST(LoraFinetune, WorkersAgreeResumeIsExactEvaluateAndExport) {
+  const std::string dir = test::TempDir("lora");
+  ASSERT_FALSE(dir.empty());
+  const std::string bin = ST_BINARY, data = "--data-dir " ST_SOURCE_DIR "/data";
+  const std::string lora =
+      " finetune " + data +
+      " --dataset-split 'train[:32]' --max-seq-len 32 --lora-rank 4 --lora-alpha 8"
+      " --lora-target-modules all-linear --no-dashboard --progress off --storage-path " +
+      dir;
+  const std::regex epoch_re(R"(Epoch (\d)/\d \| loss=(\d+\.\d{4}))");
+  auto losses = [&](const std::string& out) {
+    std::vector<double> v;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), epoch_re);
+         it != std::sregex_iterator(); ++it)
+      v.push_back(std::stod((*it)[2]));
+    return v;
+  };
+  std::vector<std::vector<double>> by_world;
+  for (const auto& [world, batch] : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}, {4, 1}}) {
+    const Ran r = RunCommand(bin + lora + " --num-epochs 2 --topology " + std::to_string(world) +
+                             " --batch-size-per-device " + std::to_string(batch) + " --run-name w" +
+                             std::to_string(world));
+    ASSERT_EQ(r.code, 0) << r.out;
+    by_world.push_back(losses(r.out));
+    ASSERT_EQ(by_world.back().size(), 2u) << r.out;
+    EXPECT_NE(r.out.find("LoRA r=4, alpha=8"), std::string::npos) << r.out;
+  }
+  for (size_t w = 1; w < by_world.size(); ++w)
+    for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(by_world[w][e], by_world[0][e], 2e-4) << w << e;
+  EXPECT_LT(by_world[0][1], by_world[0][0]) << "the adapters learn";
+  const std::string ckpt = NewestCheckpoint(dir + "/w2");
+  ASSERT_FALSE(ckpt.empty());
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
+                        "shards/rank_0.safetensors", "trainer_state.json"})
+    EXPECT_TRUE(fs::exists(ckpt + "/" + f)) << f;
+  EXPECT_FALSE(fs::exists(ckpt + "/model.safetensors")) << "the base is not copied";
+  const auto config = nlohmann::json::parse(ReadFile(ckpt + "/adapter_config.json"));
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8.0);
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["target_modules"], "all-linear");
+  EXPECT_EQ(config["base_model_name_or_path"], "gemma4-tiny");
+
+  // Killed after a step checkpoint inside epoch 2, resumed: the same adapter as uninterrupted.
+  const std::vector<std::string> base = {bin,
+                                         "finetune",
+                                         "--data-dir",
+                                         ST_SOURCE_DIR "/data",
+                                         "--dataset-split",
+                                         "train[:32]",
+                                         "--max-seq-len",
+                                         "32",
+                                         "--lora-rank",
+                                         "4",
+                                         "--lora-target-modules",
+                                         "all-linear",
+                                         "--lora-dropout",
+                                         "0.1",
+                                         "--no-dashboard",
+                                         "--progress",
+                                         "off",
+                                         "--storage-path",
+                                         dir,
+                                         "--topology",
+                                         "2",
+                                         "--batch-size-per-device",
+                                         "2",
+                                         "--num-epochs",
+                                         "2",
+                                         "--save-steps",
+                                         "3"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  testing::Proc full(with({"--run-name", "full"}));
+  ASSERT_EQ(full.Wait(std::chrono::seconds(300)), 0) << full.output();
+  testing::Proc part(with({"--run-name", "part"}));
+  ASSERT_TRUE(part.ReadUntil(
+      [](const std::string& o) { return o.find("(epoch 2, step 3 of 8)") != std::string::npos; },
+      std::chrono::seconds(300)))
+      << part.output();
+  ASSERT_EQ(kill(part.pid(), SIGKILL), 0);
+  part.Wait(std::chrono::seconds(30));
+  testing::Proc rest(with({"--run-name", "part", "--resume"}));
+  ASSERT_EQ(rest.Wait(std::chrono::seconds(300)), 0) << rest.output();
+  EXPECT_NE(rest.output().find(" steps of epoch 2, step "), std::string::npos) << rest.output();
+  const std::string a = NewestCheckpoint(dir + "/full"), b = NewestCheckpoint(dir + "/part");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(ReadFile(a + "/adapter_model.safetensors") ==
+              ReadFile(b + "/adapter_model.safetensors"))
+      << "the resumed run's adapter differs from the uninterrupted run's";
+
+  // evaluate --adapter, and the merged export gives the same loss.
+  const std::string eval = " evaluate --json --max-seq-len 32 --dataset-split 'train[:32]' " + data;
+  const Ran with_adapter = RunCommand(bin + eval + " --model-id gemma4-tiny --adapter " + ckpt);
+  ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
+  const Ran plain = RunCommand(bin + eval + " --model-id gemma4-tiny");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_NE(EvalResult(with_adapter.out), EvalResult(plain.out));
+  const Ran exported = RunCommand(bin + " export --model-id gemma4-tiny --adapter " + ckpt +
+                                  " --output " + dir + "/merged");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find("merged into "), std::string::npos) << exported.out;
+  const Ran merged = RunCommand(bin + eval + " --model-id " + dir + "/merged");
+  ASSERT_EQ(merged.code, 0) << merged.out;
+  std::smatch m1, m2;
+  const std::regex loss_re(R"(\"loss\": ([0-9.]+))");
+  ASSERT_TRUE(std::regex_search(with_adapter.out, m1, loss_re)) << with_adapter.out;
+  ASSERT_TRUE(std::regex_search(merged.out, m2, loss_re)) << merged.out;
+  EXPECT_NEAR(std::stod(m1[1]), std::stod(m2[1]), 1e-5);
+
+  // Mistakes are one line each.
+  struct Bad {
+    std::string cmd, says;
+  };
+  const std::string dora = dir + "/dora";
+  fs::create_directories(dora);
+  fs::copy_file(ckpt + "/adapter_model.safetensors", dora + "/adapter_model.safetensors");
+  auto j = config;
+  j["use_dora"] = true;
+  std::ofstream(dora + "/adapter_config.json") << j.dump();
+  for (const Bad& bad : std::vector<Bad>{
+           {" finetune --lora-alpha 8", "need --lora-rank"},
+           {" finetune --lora-rank 4 --freeze '^norm'", "--freeze has no effect with --lora-rank"},
+           {" finetune --lora-rank 4 --lora-dropout 1", "--lora-dropout must be in [0, 1)"},
+           {" finetune --lora-rank 4 --lora-target-modules qkv --storage-path " + dir,
+            "LoRA target module 'qkv' matches no Linear layer"},
+           {" evaluate --model-id " + ckpt, "is a LoRA adapter"},
+           {" evaluate --model-id gemma4-tiny --adapter " + dora, "use_dora = true (DoRA)"},
+           {" export --model-id gemma4-tiny --adapter " + ckpt + " --output " + dir,
+            "is not empty"}}) {
+    const Ran r =
+        RunCommand(bin + bad.cmd + (bad.cmd.rfind(" export", 0) == 0 ? "" : " " + data));
+    EXPECT_NE(r.code, 0) << bad.cmd;
+    EXPECT_NE(r.out.find(bad.says), std::string::npos) << bad.cmd << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << bad.cmd << "\n" << r.out;
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace st

@@ -57,6 +57,12 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
       s.data.c_str(), (long long)s.examples, (long long)s.max_seq_len, (long long)s.truncated,
       (long long)s.steps_per_epoch, s.world, (long long)s.batch_size_per_device, s.lr,
       s.trainable_parameters / 1e6, s.frozen_parameters / 1e6);
+  if (!s.adapters.empty()) {
+    const double all = static_cast<double>(s.trainable_parameters + s.frozen_parameters);
+    std::printf("%s: trainable params: %lld || all params: %.0f || trainable%%: %.4f\n",
+                s.adapters.c_str(), (long long)s.trainable_parameters, all,
+                all > 0 ? 100.0 * static_cast<double>(s.trainable_parameters) / all : 0.0);
+  }
   std::fflush(stdout);
 }
 

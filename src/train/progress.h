@@ -22,6 +22,9 @@ struct SetupSummary {
   int64_t batch_size_per_device = 0;
   double lr = 0;
   int64_t trainable_parameters = 0, frozen_parameters = 0;
+  // A LoRA run's adapters, as PEFT's print_trainable_parameters would summarise them:
+  // "LoRA r=16, alpha=32 (scaling 2) on 70 modules (q_proj,v_proj)"; "" for full fine-tuning.
+  std::string adapters;
 };
 
 // The end-of-run memory line's figures, per worker.

@@ -249,7 +249,10 @@ class Trainer {
   SetupSummary Summary() const;
   // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
   int64_t TrainableParameters() const {
-    return in_.model.registry.layout.total() - in_.trainable.frozen;
+    int64_t n = 0;  // elements, not the arena's total (which has alignment gaps)
+    for (int i = 0; i < in_.model.registry.layout.size(); ++i)
+      if (in_.trainable.mask[static_cast<size_t>(i)]) n += in_.model.registry.layout.entry(i).numel;
+    return n;
   }
   CheckpointerOptions CheckpointerOptionsOf() const;
 
@@ -311,6 +314,14 @@ SetupSummary Trainer::Summary() const {
   s.lr = adam_.lr;
   s.trainable_parameters = TrainableParameters();
   s.frozen_parameters = in_.trainable.frozen;
+  if (const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o_)) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "LoRA r=%lld, alpha=%g (scaling %g%s) on %zu modules (%s)",
+                  static_cast<long long>(c->r), c->lora_alpha, in_.model.registry.lora_scaling,
+                  c->use_rslora ? ", rsLoRA" : "", in_.model.lora.targets.size(),
+                  LoraTargetsString(c->targets).c_str());
+    s.adapters = buf;
+  }
   return s;
 }
 
