@@ -420,6 +420,7 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
   c.lora_dropout = 0.05;
   c.use_rslora = true;
   c.targets = ParseLoraTargets("v_proj,q_proj");
+  c.modules_to_save = {"norm", "embed_tokens"};
   c.base_model_name_or_path = "google/gemma-4-E2B-it";
   { std::ofstream(dir + "/adapter_config.json") << PeftAdapterConfigJson(c); }
   auto back = ReadPeftAdapterConfig(dir);
@@ -430,6 +431,7 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
   EXPECT_TRUE(back->use_rslora);
   EXPECT_EQ(back->targets.names, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(back->base_model_name_or_path, c.base_model_name_or_path);
+  EXPECT_EQ(back->modules_to_save, c.modules_to_save);
 
   const Gemma4Config cfg = MicroConfig();
   const ParamRegistry reg = BuildParamRegistry(cfg);
@@ -447,7 +449,7 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
        std::vector<std::pair<std::string, std::string>>{{"use_dora", "true"},
                                                         {"bias", "\"all\""},
                                                         {"rank_pattern", "{\"q_proj\": 8}"},
-                                                        {"modules_to_save", "[\"lm_head\"]"},
+                                                        {"exclude_modules", "[\"q_proj\"]"},
                                                         {"layers_to_transform", "[0, 1]"},
                                                         {"peft_type", "\"IA3\""}}) {
     auto j = nlohmann::json::parse(PeftAdapterConfigJson(c));
@@ -460,10 +462,48 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
   std::filesystem::remove_all(dir);
 }
 
+// modules_to_save as PEFT matches them: a plain suffix of any module containing the tensor.
+TEST(LoraPeftFiles, ModulesToSaveSelection) {
+  const Gemma4Config cfg = MicroConfig();
+  const ParamRegistry reg = BuildParamRegistry(cfg);
+  auto q = SelectLoraTargets(reg, ParseLoraTargets("q_proj"), "model.");
+  ASSERT_TRUE(q.ok());
+  // "norm" ends input_layernorm, q_norm, ... and the final norm: every RMSNorm weight.
+  auto norms = SelectModulesToSave(reg, {"norm"}, "model.", q.value());
+  ASSERT_TRUE(norms.ok()) << norms.status().ToString();
+  int64_t n = 0;
+  for (int i = 0; i < reg.layout.size(); ++i) n += reg.is_norm[i];
+  EXPECT_EQ(static_cast<int64_t>(norms->size()), n);
+  // A whole module: every parameter under it, not its buffer (layer_scalar).
+  auto layer = SelectModulesToSave(reg, {"layers.1"}, "model.", {});
+  ASSERT_TRUE(layer.ok());
+  for (int e : layer.value()) {
+    EXPECT_EQ(reg.layout.entry(e).name.rfind("layers.1.", 0), 0u) << reg.layout.entry(e).name;
+    EXPECT_FALSE(reg.is_buffer[e]);
+  }
+  EXPECT_FALSE(SelectModulesToSave(reg, {"layers.1"}, "model.", q.value()).ok());  // overlap
+  EXPECT_FALSE(SelectModulesToSave(reg, {"lm_head_x"}, "model.", {}).ok());
+  EXPECT_FALSE(SelectModulesToSave(reg, {"embed_tokens"}, "model.", {}).ok());  // tied head
+  // For a multimodal model the saved names are the language model's modules, not a suffix that
+  // would also match the vision tower's.
+  ParamRegistry with = reg;
+  LoraSpec spec;
+  spec.targets = q.value();
+  spec.full = SelectModulesToSave(reg, {"input_layernorm"}, "model.language_model.", {}).value();
+  spec.rank = 2;
+  spec.scaling = 1;
+  AddLoraAdapters(&with, spec);
+  const auto names = PeftModulesToSaveFor({"input_layernorm"}, with, "model.language_model.");
+  ASSERT_EQ(names.size(), static_cast<size_t>(cfg.num_hidden_layers));
+  EXPECT_EQ(names[0], "language_model.layers.0.input_layernorm");
+  EXPECT_EQ(PeftModulesToSaveFor({"input_layernorm"}, with, "model."),
+            std::vector<std::string>{"input_layernorm"});
+}
+
 // Adapters made by PEFT (tools/make_lora_fixtures.py): slicetrain reads the directory, and its
 // loss, logits and every adapter gradient equal PEFT's on the fixture's batch.
 TEST(LoraGolden, PeftAdapterLossLogitsAndGradients) {
-  for (const char* name : {"lora_tiny_text", "lora_tiny_mm"}) {
+  for (const char* name : {"lora_tiny_text", "lora_tiny_mm", "lora_tiny_text_mts"}) {
     SCOPED_TRACE(name);
     const std::string dir = std::string(ST_FIXTURE_DIR) + "/" + name;
     auto adapter = ReadPeftAdapterConfig(dir);
@@ -499,10 +539,17 @@ TEST(LoraGolden, PeftAdapterLossLogitsAndGradients) {
     ASSERT_TRUE(golden->ReadF32("logits", expect.data(), {B, T, V}).ok());
     EXPECT_LT(RelError(logits.data(), expect.data(), logits.size()), 1e-4);
     std::vector<float> grads(reg.layout.total(), 0.f);
-    const std::vector<bool> train = AdaptersOnly(reg);
+    // The adapters and the modules_to_save train.
+    std::vector<bool> train = AdaptersOnly(reg);
+    int trained = 0;
+    for (int i = 0; i < reg.layout.size(); ++i) {
+      train[i] = train[i] || reg.lora_full[i];
+      trained += train[i];
+    }
     eng.Backward(params.data(), grads.data(), batch, 1.0f / r.num_valid, &train);
     int compared = 0;
-    for (int i = reg.base_entries; i < reg.layout.size(); ++i) {
+    for (int i = 0; i < reg.layout.size(); ++i) {
+      if (!train[i]) continue;
       const ArenaEntry& e = reg.layout.entry(i);
       const std::string key = "grad." + PeftTensorName(e.name, TextPrefixFor(m->config));
       std::vector<float> g(e.numel);
@@ -526,10 +573,13 @@ TEST(LoraGolden, PeftAdapterLossLogitsAndGradients) {
       EXPECT_LT(RelError(got.data(), want.data(), got.size()), 1e-6) << hf;
       ++merged_tensors;
     }
-    EXPECT_EQ(merged_tensors, static_cast<int>(reg.layout.size() - reg.base_entries) / 2);
+    const int full = static_cast<int>(m->lora.full.size());
+    EXPECT_EQ(merged_tensors, static_cast<int>(m->lora.targets.size()) + full);
     std::filesystem::remove_all(out);
-    EXPECT_EQ(compared, static_cast<int>(golden->tensors().size()) - 5 -
-                            static_cast<int>(reg.layout.size() - reg.base_entries) / 2 - 1);
+    EXPECT_EQ(compared, trained);
+    // Every golden gradient was compared: 5 inputs and outputs, logits_merged, merged.*, grad.*.
+    EXPECT_EQ(compared + merged_tensors + 6, static_cast<int>(golden->tensors().size()));
+    EXPECT_EQ(full, std::string(name) == "lora_tiny_text_mts" ? 7 : 0);
   }
 }
 

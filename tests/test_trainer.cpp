@@ -585,6 +585,29 @@ TEST(LoraFinetune, WorkersAgreeResumeIsExactEvaluateAndExport) {
   ASSERT_TRUE(std::regex_search(merged.out, m2, loss_re)) << merged.out;
   EXPECT_NEAR(std::stod(m1[1]), std::stod(m2[1]), 1e-5);
 
+  // modules_to_save: trained in full beside the adapters, saved under PEFT's names, merged by
+  // export.
+  const Ran mts = RunCommand(bin + lora +
+                             " --num-epochs 1 --topology 2 --batch-size-per-device 2"
+                             " --modules-to-save norm --run-name mts");
+  ASSERT_EQ(mts.code, 0) << mts.out;
+  EXPECT_NE(mts.out.find("tensors trained in full (norm)"), std::string::npos) << mts.out;
+  const std::string mts_ckpt = NewestCheckpoint(dir + "/mts");
+  const std::string mts_file = ReadFile(mts_ckpt + "/adapter_model.safetensors");
+  EXPECT_NE(mts_file.find("\"base_model.model.model.norm.weight\""), std::string::npos);
+  EXPECT_NE(mts_file.find("\"base_model.model.model.layers.0.input_layernorm.weight\""),
+            std::string::npos);
+  const Ran mts_eval = RunCommand(bin + eval + " --model-id gemma4-tiny --adapter " + mts_ckpt);
+  ASSERT_EQ(mts_eval.code, 0) << mts_eval.out;
+  ASSERT_EQ(RunCommand(bin + " export --model-id gemma4-tiny --adapter " + mts_ckpt + " --output " +
+                       dir + "/mts_merged")
+                .code,
+            0);
+  const Ran mts_merged = RunCommand(bin + eval + " --model-id " + dir + "/mts_merged");
+  ASSERT_TRUE(std::regex_search(mts_eval.out, m1, loss_re)) << mts_eval.out;
+  ASSERT_TRUE(std::regex_search(mts_merged.out, m2, loss_re)) << mts_merged.out;
+  EXPECT_NEAR(std::stod(m1[1]), std::stod(m2[1]), 1e-5);
+
   // Mistakes are one line each.
   struct Bad {
     std::string cmd, says;
@@ -599,14 +622,16 @@ TEST(LoraFinetune, WorkersAgreeResumeIsExactEvaluateAndExport) {
            {" finetune --lora-alpha 8", "need --lora-rank"},
            {" finetune --lora-rank 4 --freeze '^norm'", "--freeze has no effect with --lora-rank"},
            {" finetune --lora-rank 4 --lora-dropout 1", "--lora-dropout must be in [0, 1)"},
+           {" finetune --modules-to-save norm", "need --lora-rank"},
+           {" finetune --lora-rank 4 --modules-to-save embed_tokens --storage-path " + dir,
+            "tied to the LM head"},
            {" finetune --lora-rank 4 --lora-target-modules qkv --storage-path " + dir,
             "LoRA target module 'qkv' matches no Linear layer"},
            {" evaluate --model-id " + ckpt, "is a LoRA adapter"},
            {" evaluate --model-id gemma4-tiny --adapter " + dora, "use_dora = true (DoRA)"},
            {" export --model-id gemma4-tiny --adapter " + ckpt + " --output " + dir,
             "is not empty"}}) {
-    const Ran r =
-        RunCommand(bin + bad.cmd + (bad.cmd.rfind(" export", 0) == 0 ? "" : " " + data));
+    const Ran r = RunCommand(bin + bad.cmd + (bad.cmd.rfind(" export", 0) == 0 ? "" : " " + data));
     EXPECT_NE(r.code, 0) << bad.cmd;
     EXPECT_NE(r.out.find(bad.says), std::string::npos) << bad.cmd << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << bad.cmd << "\n" << r.out;

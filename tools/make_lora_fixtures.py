@@ -73,6 +73,16 @@ FIXTURES = {
         lora=dict(r=2, lora_alpha=3, use_rslora=True, task_type="CAUSAL_LM"),
         b_seed=102,
     ),
+    # modules_to_save: base modules trained in full beside the adapters (PEFT matches them by plain
+    # suffix: "input_layernorm" is every layer's, "per_layer_projection_norm" the top-level one).
+    "lora_tiny_text_mts": dict(
+        base="tiny_text",
+        loader=AutoModelForCausalLM,
+        cls=Gemma4ForCausalLM,
+        lora=dict(r=2, lora_alpha=4, lora_dropout=0.0, target_modules=["q_proj", "down_proj"],
+                  modules_to_save=["input_layernorm", "per_layer_projection_norm"], task_type="CAUSAL_LM"),
+        b_seed=103,
+    ),
 }
 
 B_STD = 0.05
@@ -93,8 +103,9 @@ def read_batch(base_dir: str):
 
 
 def saved_key(param_name: str) -> str:
-    """PEFT parameter name -> key in adapter_model.safetensors (the adapter name is dropped)."""
-    key = param_name.replace(f".{ADAPTER}.", ".")
+    """PEFT parameter name -> key in adapter_model.safetensors (the adapter name is dropped; a
+    modules_to_save copy is saved under the module's own name)."""
+    key = param_name.replace(f".modules_to_save.{ADAPTER}.", ".").replace(f".{ADAPTER}.", ".")
     assert key != param_name, param_name
     return key
 
@@ -151,12 +162,15 @@ def make_fixture(name: str, spec: dict, out_root: str):
 
     gen = torch.Generator().manual_seed(spec["b_seed"])
     lora_params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    assert lora_params and all(".lora_A." in n or ".lora_B." in n for n in lora_params), sorted(lora_params)
+    assert lora_params and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n
+                               for n in lora_params), sorted(lora_params)
     with torch.no_grad():
         for n, p in lora_params.items():
             if ".lora_B." in n:
                 assert not p.any(), n
                 p.copy_(B_STD * torch.randn(p.shape, generator=gen))
+            elif ".modules_to_save." in n:  # trained copies that differ from the base
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
 
     model.save_pretrained(out)
     for fn in os.listdir(out):
@@ -213,8 +227,12 @@ def make_fixture(name: str, spec: dict, out_root: str):
     merged_model.train()
     merged_state = merged_model.state_dict()
     assert set(merged_state) == set(base_state), sorted(set(merged_state) ^ set(base_state))
+    saved_modules = {saved_key(n)[len("base_model.model."):] for n in lora_params if ".modules_to_save." in n}
     for k, v in merged_state.items():
-        if k in adapted:
+        if k in saved_modules:  # merge_and_unload keeps the trained copy
+            assert not torch.equal(v, base_state[k]), k
+            golden["merged." + k] = v.detach().float().contiguous()
+        elif k in adapted:
             A, B, scale = adapted[k]
             assert torch.allclose(v, base_state[k] + scale * (B @ A), rtol=0, atol=1e-6), k
             assert not torch.equal(v, base_state[k]), k

@@ -50,10 +50,11 @@ Status Run(const ExportArgs& a) {
     if (ec) return IoError(StrCat("cannot copy the tokenizer into ", a.output, ": ", ec.message()));
     break;
   }
-  int64_t merged = 0;
-  for (int i = 0; i < m.registry.base_entries; ++i) merged += m.registry.lora_a[i] >= 0;
-  std::printf("Exported %s with the adapter %s merged into %lld tensors: %s\n", model_id.c_str(),
-              a.adapter.c_str(), static_cast<long long>(merged), a.output.c_str());
+  std::printf(
+      "Exported %s with the adapter %s merged into %zu tensors (%zu more replaced by its "
+      "modules_to_save): %s\n",
+      model_id.c_str(), a.adapter.c_str(), m.lora.targets.size(), m.lora.full.size(),
+      a.output.c_str());
   return Status::Ok();
 }
 

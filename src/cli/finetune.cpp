@@ -111,6 +111,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   Num(o.lora_dropout),
                                   "--lora-target-modules",
                                   o.lora_target_modules,
+                                  "--modules-to-save",
+                                  o.modules_to_save,
                                   "--save-dtype",
                                   o.save_dtype,
                                   "--max-shard-size",
@@ -246,9 +248,8 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     if (cfg.ok()) {
       ParamRegistry registry = BuildParamRegistry(*cfg);
       if (const std::optional<PeftAdapterConfig> adapter = AdapterConfigOf(a.o)) {
-        StatusOr<LoraSpec> spec = LoraSpecFor(*cfg, registry, *adapter);
-        if (!spec.ok()) return spec.status().WithContext("--lora-target-modules");
-        AddLoraAdapters(&registry, *spec);
+        ST_ASSIGN_OR_RETURN(const LoraSpec spec, LoraSpecFor(*cfg, registry, *adapter));
+        AddLoraAdapters(&registry, spec);
       }
       ST_ASSIGN_OR_RETURN(const Trainable trainable, TrainableTensors(registry, a.o.freeze));
       const int local = env.is_worker() ? env.local_world_size : topo.world_size();
@@ -405,6 +406,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       "v_proj, o_proj, gate_proj, up_proj, down_proj, per_layer_input_gate, "
       "per_layer_projection, per_layer_model_projection) or all-linear; default "
       "PEFT's for Gemma: q_proj,v_proj");
+  cmd->add_option("--modules-to-save", o.modules_to_save,
+                  "With --lora-rank: comma-separated base modules trained in full beside the "
+                  "adapters and saved in the adapter file, as PEFT's modules_to_save (plain suffix "
+                  "match over module names, e.g. norm, embed_tokens)");
   cmd->add_flag("--use-rslora", o.use_rslora,
                 "Rank-stabilised LoRA: scale by alpha / sqrt(R) instead of alpha / R");
   cmd->add_option("--save-dtype", o.save_dtype,

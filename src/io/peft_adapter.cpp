@@ -44,7 +44,8 @@ class PeftAdapterWeights : public WeightSource {
     w->file_ = std::make_unique<SafeTensorsFile>(std::move(file));
     w->where_.assign(reg.layout.size(), nullptr);
     std::set<std::string> used;
-    for (int i = reg.base_entries; i < reg.layout.size(); ++i) {
+    for (int i = 0; i < reg.layout.size(); ++i) {
+      if (i < reg.base_entries && !reg.lora_full[static_cast<size_t>(i)]) continue;
       const ArenaEntry& e = reg.layout.entry(i);
       const std::string name = PeftTensorName(e.name, text_prefix);
       const SafeTensorInfo* t = w->file_->Find(name);
@@ -109,7 +110,6 @@ StatusOr<PeftAdapterConfig> ReadPeftAdapterConfig(const std::string& dir) {
            {"layers_to_transform", "a subset of layers"},
            {"layer_replication", "replicated layers"},
            {"exclude_modules", "excluded modules"},
-           {"modules_to_save", "fully trained extra modules"},
            {"target_parameters", "adapters on parameters"},
            {"trainable_token_indices", "trainable token rows"},
            {"use_qalora", "QA-LoRA"},
@@ -142,6 +142,14 @@ StatusOr<PeftAdapterConfig> ReadPeftAdapterConfig(const std::string& dir) {
   } else {
     return DataLoss(StrCat(path, ": target_modules must be a list of names or a regex"));
   }
+  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
+    const json& m = j["modules_to_save"];
+    if (!m.is_array()) return DataLoss(StrCat(path, ": modules_to_save must be a list of names"));
+    for (const json& n : m) {
+      if (!n.is_string()) return DataLoss(StrCat(path, ": modules_to_save holds a non-string"));
+      c.modules_to_save.push_back(n.get<std::string>());
+    }
+  }
   if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
     c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
   return c;
@@ -163,7 +171,7 @@ std::string PeftAdapterConfigJson(const PeftAdapterConfig& c) {
   j["lora_alpha"] = c.lora_alpha;
   j["lora_bias"] = false;
   j["lora_dropout"] = c.lora_dropout;
-  j["modules_to_save"] = nullptr;
+  j["modules_to_save"] = c.modules_to_save.empty() ? json(nullptr) : json(c.modules_to_save);
   j["peft_type"] = "LORA";
   j["r"] = c.r;
   j["rank_pattern"] = json::object();
@@ -210,7 +218,7 @@ Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DT
   const WeightSource& source = *model.weights;
   std::vector<DType> dtypes(static_cast<size_t>(base.layout.size()), dtype);
   for (int i = 0; i < base.layout.size(); ++i)
-    if (reg.lora_a[static_cast<size_t>(i)] < 0)
+    if (reg.lora_a[static_cast<size_t>(i)] < 0 && !reg.lora_full[static_cast<size_t>(i)])
       if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) dtypes[i] = s->dtype;
   ST_ASSIGN_OR_RETURN(
       std::unique_ptr<HfModelWriter> out,
@@ -226,7 +234,9 @@ Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DT
       source.Release(i);
       continue;
     }
-    if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) {
+    std::optional<WeightSource::Stored> s;
+    if (!reg.lora_full[static_cast<size_t>(i)]) s = source.StoredBytes(i);
+    if (s) {
       constexpr size_t kBytes = size_t{16} << 20;
       const size_t elem = DTypeSize(s->dtype);
       for (size_t off = 0; off < s->bytes; off += kBytes) {
@@ -247,6 +257,17 @@ Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DT
   return out->Finish();
 }
 
+std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& names,
+                                              const ParamRegistry& reg,
+                                              const std::string& text_prefix) {
+  if (text_prefix == "model." || names.empty()) return names;
+  std::set<std::string> modules;  // "language_model.layers.0.input_layernorm"
+  for (int e = 0; e < reg.base_entries; ++e)
+    if (reg.lora_full[static_cast<size_t>(e)])
+      modules.insert(text_prefix.substr(6) + ModuleNames(reg, {e})[0]);
+  return std::vector<std::string>(modules.begin(), modules.end());
+}
+
 std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix) {
   return kPeftPrefix + text_prefix + registry_name;
 }
@@ -258,6 +279,10 @@ StatusOr<LoraSpec> LoraSpecFor(const Gemma4Config& config, const ParamRegistry& 
     return InvalidArgument(StrCat("the LoRA dropout must be in [0, 1), got ", c.lora_dropout));
   LoraSpec spec;
   ST_ASSIGN_OR_RETURN(spec.targets, SelectLoraTargets(base, c.targets, TextPrefixFor(config)));
+  if (!c.modules_to_save.empty()) {
+    ST_ASSIGN_OR_RETURN(spec.full, SelectModulesToSave(base, c.modules_to_save,
+                                                       TextPrefixFor(config), spec.targets));
+  }
   spec.rank = c.r;
   spec.scaling = LoraScaling(c.r, c.lora_alpha, c.use_rslora);
   spec.dropout = c.lora_dropout;

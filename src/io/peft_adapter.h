@@ -26,6 +26,7 @@ struct PeftAdapterConfig {
   double lora_dropout = 0;
   bool use_rslora = false;
   LoraTargets targets;
+  std::vector<std::string> modules_to_save;  // trained in full beside the adapters
   std::string base_model_name_or_path;
 };
 
@@ -40,6 +41,11 @@ std::string PeftAdapterConfigJson(const PeftAdapterConfig& c);
 // limited to the language model (PEFT's own form for gemma4), so that PEFT does not also wrap the
 // vision and audio towers' layers of the same names.
 LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix);
+// modules_to_save likewise: PEFT matches them by plain suffix over every module of the model, so
+// for a multimodal model each selected module is named with its "language_model." path.
+std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& names,
+                                              const ParamRegistry& reg,
+                                              const std::string& text_prefix);
 
 // The name PEFT gives a registry adapter entry of a model whose text decoder sits at `prefix`.
 std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix);

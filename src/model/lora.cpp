@@ -29,6 +29,50 @@ bool EndsWithModule(const std::string& module, const std::string& target) {
 
 }  // namespace
 
+StatusOr<std::vector<int>> SelectModulesToSave(const ParamRegistry& reg,
+                                               const std::vector<std::string>& names,
+                                               const std::string& module_prefix,
+                                               const std::vector<int>& adapted) {
+  std::vector<int> out;
+  std::vector<bool> used(names.size(), false);
+  for (int e = 0; e < reg.base_entries; ++e) {
+    const std::string full = module_prefix + reg.layout.entry(e).name;
+    // Every module containing the tensor: each prefix of its name that ends before a '.'.
+    bool hit = false;
+    for (size_t dot = full.find('.'); dot != std::string::npos; dot = full.find('.', dot + 1)) {
+      const std::string module = full.substr(0, dot);
+      for (size_t k = 0; k < names.size(); ++k)
+        if (module.size() >= names[k].size() &&
+            module.compare(module.size() - names[k].size(), names[k].size(), names[k]) == 0) {
+          hit = true;
+          used[k] = true;
+        }
+    }
+    if (!hit || reg.is_buffer[static_cast<size_t>(e)]) continue;
+    if (e == reg.embed_tokens)
+      return InvalidArgument(
+          "modules_to_save selects embed_tokens, which is tied to the LM head: PEFT would train an "
+          "untied copy for the input lookups only, which slicetrain does not run; leave it out");
+    if (std::find(adapted.begin(), adapted.end(), e) != adapted.end())
+      return InvalidArgument(StrCat("modules_to_save selects ", reg.layout.entry(e).name,
+                                    ", which also has a LoRA adapter; a module is either adapted "
+                                    "or trained in full"));
+    out.push_back(e);
+  }
+  for (size_t k = 0; k < names.size(); ++k)
+    if (!used[k])
+      return InvalidArgument(StrCat("modules_to_save '", names[k],
+                                    "' matches no module of this model (names such as norm, "
+                                    "embed_tokens, input_layernorm, layers.3.mlp)"));
+  return out;
+}
+
+std::vector<std::string> ModuleNames(const ParamRegistry& reg, const std::vector<int>& entries) {
+  std::vector<std::string> out;
+  for (int e : entries) out.push_back(ModuleOf(reg.layout.entry(e).name));
+  return out;
+}
+
 LoraTargets DefaultLoraTargets() {
   return LoraTargets{{"q_proj", "v_proj"}, ""};
 }
@@ -115,8 +159,10 @@ double LoraScaling(int64_t rank, double alpha, bool use_rslora) {
 LoraSpec LoraSpecOf(const ParamRegistry& reg) {
   LoraSpec s;
   if (!reg.HasAdapters()) return s;
-  for (int e = 0; e < reg.base_entries; ++e)
+  for (int e = 0; e < reg.base_entries; ++e) {
     if (reg.lora_a[static_cast<size_t>(e)] >= 0) s.targets.push_back(e);
+    if (reg.lora_full[static_cast<size_t>(e)]) s.full.push_back(e);
+  }
   s.rank = reg.lora_rank;
   s.scaling = reg.lora_scaling;
   s.dropout = reg.lora_dropout;
@@ -149,8 +195,10 @@ void AddLoraAdapters(ParamRegistry* reg, const LoraSpec& spec) {
       reg->lora_a.push_back(-1);
       reg->lora_b.push_back(-1);
       reg->lora_base.push_back(e);
+      reg->lora_full.push_back(false);
     }
   }
+  for (int e : spec.full) reg->lora_full[static_cast<size_t>(e)] = true;
   reg->lora_rank = rank;
   reg->lora_scaling = static_cast<float>(spec.scaling);
   reg->lora_dropout = static_cast<float>(spec.dropout);
@@ -183,7 +231,7 @@ LoraWeights::LoraWeights(const ParamRegistry& reg, std::unique_ptr<WeightSource>
 
 void LoraWeights::Read(int entry, int64_t begin, int64_t count, float* dst) const {
   if (IsBase(entry)) return base_->Read(entry, begin, count, dst);
-  if (adapters_) return adapters_->Read(entry, begin, count, dst);
+  if (adapters_) return adapters_->Read(entry, begin, count, dst);  // adapters, modules_to_save
   const ArenaEntry& e = reg_.layout.entry(entry);
   const int base = reg_.lora_base[static_cast<size_t>(entry)];
   if (entry == reg_.lora_b[static_cast<size_t>(base)]) {  // B starts at zero

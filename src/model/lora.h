@@ -39,6 +39,18 @@ std::string LoraTargetsString(const LoraTargets& t);
 StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const LoraTargets& t,
                                              const std::string& module_prefix);
 
+// The base entries of PEFT's modules_to_save: every parameter of each module whose whole name
+// (under `module_prefix`) ends with one of `names` (PEFT's plain suffix match: "norm" also
+// matches "input_layernorm"); buffers are not trained. InvalidArgument when a name selects
+// nothing, a selected tensor also has an adapter (`adapted`), or it is the tied embedding (PEFT
+// would untie it: its trained copy serves the lookups, the head keeps the base's).
+StatusOr<std::vector<int>> SelectModulesToSave(const ParamRegistry& reg,
+                                               const std::vector<std::string>& names,
+                                               const std::string& module_prefix,
+                                               const std::vector<int>& adapted);
+// The module names (registry names without ".weight") of `entries`.
+std::vector<std::string> ModuleNames(const ParamRegistry& reg, const std::vector<int>& entries);
+
 // The registry's Linear weights (the tensors LoRA can adapt): every projection, not the
 // embeddings (the tied LM head is excluded, as PEFT's all-linear excludes the output layer).
 std::vector<int> LinearEntries(const ParamRegistry& reg);
@@ -47,6 +59,7 @@ std::vector<int> LinearEntries(const ParamRegistry& reg);
 // rank, scaling s and dropout probability. rank 0 = none.
 struct LoraSpec {
   std::vector<int> targets;
+  std::vector<int> full;  // base entries trained in full beside the adapters (modules_to_save)
   int64_t rank = 0;
   double scaling = 0;
   double dropout = 0;
@@ -108,7 +121,10 @@ class LoraWeights : public WeightSource {
   const WeightSource& base() const { return *base_; }
 
  private:
-  bool IsBase(int entry) const { return entry < reg_.base_entries; }
+  // Served by the base: a base entry not trained in full, or (no adapter file) any base entry.
+  bool IsBase(int entry) const {
+    return entry < reg_.base_entries && (!adapters_ || !reg_.lora_full[static_cast<size_t>(entry)]);
+  }
   std::unique_ptr<WeightSource> base_, adapters_;
   uint64_t seed_;
 };

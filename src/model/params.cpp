@@ -59,6 +59,7 @@ ParamRegistry BuildParamRegistry(const Gemma4Config& cfg) {
   r.lora_a.assign(l.size(), -1);
   r.lora_b.assign(l.size(), -1);
   r.lora_base.assign(l.size(), -1);
+  r.lora_full.assign(l.size(), false);
   return r;
 }
 

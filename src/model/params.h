@@ -36,6 +36,8 @@ struct ParamRegistry {
   std::vector<int> lora_a, lora_b;
   // Per entry: for an adapter entry, the Linear weight it adapts (-1 otherwise).
   std::vector<int> lora_base;
+  // Per entry: a base tensor trained in full beside the adapters (PEFT's modules_to_save).
+  std::vector<bool> lora_full;
   int64_t lora_rank = 0;
   float lora_scaling = 0.0f;  // s in y = x W^T + s * dropout(x) A^T B^T
   float lora_dropout = 0.0f;

@@ -140,6 +140,7 @@ Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, Fs
   if (writer) {
     PeftAdapterConfig c = adapter;
     c.targets = PeftTargetsFor(adapter.targets, prefix);
+    c.modules_to_save = PeftModulesToSaveFor(adapter.modules_to_save, reg, prefix);
     status = WriteFileDurably((fs::path(pending) / kAdapterConfigFile).string(),
                               PeftAdapterConfigJson(c));
     if (status.ok()) {

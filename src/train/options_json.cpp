@@ -34,6 +34,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"lora_dropout", o.lora_dropout},
           {"lora_target_modules", o.lora_target_modules},
           {"use_rslora", o.use_rslora},
+          {"modules_to_save", o.modules_to_save},
           {"save_dtype", o.save_dtype},
           {"max_shard_size", o.max_shard_size},
           {"resume", o.resume}};

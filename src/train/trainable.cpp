@@ -9,7 +9,7 @@ StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::s
   t.mask.resize(registry.layout.size());
   if (registry.HasAdapters()) {  // LoRA: the adapters train, the whole base is frozen
     for (int i = 0; i < registry.layout.size(); ++i) {
-      t.mask[i] = i >= registry.base_entries;
+      t.mask[i] = i >= registry.base_entries || registry.lora_full[static_cast<size_t>(i)];
       if (!t.mask[i]) t.frozen += registry.layout.entry(i).numel;
     }
     return t;

@@ -18,7 +18,7 @@ struct Trainable {
 };
 
 // InvalidArgument for a regex that does not compile; "" freezes nothing. A registry with LoRA
-// adapters trains them only (the regex is not used).
+// adapters trains them and its modules_to_save only (the regex is not used).
 StatusOr<Trainable> TrainableTensors(const ParamRegistry& registry, const std::string& freeze);
 
 }  // namespace st

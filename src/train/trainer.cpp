@@ -110,14 +110,16 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   if (o.lora_dropout < 0 || o.lora_dropout >= 1)
     return InvalidArgument(StrCat("--lora-dropout must be in [0, 1), got ", o.lora_dropout));
   if (o.lora_rank == 0 &&
-      (o.lora_alpha > 0 || o.lora_dropout > 0 || !o.lora_target_modules.empty() || o.use_rslora))
+      (o.lora_alpha > 0 || o.lora_dropout > 0 || !o.lora_target_modules.empty() || o.use_rslora ||
+       !o.modules_to_save.empty()))
     return InvalidArgument(
-        "--lora-alpha, --lora-dropout, --lora-target-modules and --use-rslora need --lora-rank");
+        "--lora-alpha, --lora-dropout, --lora-target-modules, --use-rslora and "
+        "--modules-to-save need --lora-rank");
   if (o.lora_rank > 0 && o.freeze != FinetuneOptions{}.freeze)
     return InvalidArgument(
         "--freeze has no effect with --lora-rank: the base model is frozen and only the adapters "
-        "train (training chosen base tensors beside them, PEFT's modules_to_save, is not "
-        "supported yet)");
+        "train; to train chosen base modules in full beside them, name them with "
+        "--modules-to-save (PEFT's modules_to_save)");
   return Status::Ok();
 }
 
@@ -130,6 +132,7 @@ std::optional<PeftAdapterConfig> AdapterConfigOf(const FinetuneOptions& o) {
   c.use_rslora = o.use_rslora;
   c.targets = o.lora_target_modules.empty() ? DefaultLoraTargets()
                                             : ParseLoraTargets(o.lora_target_modules);
+  c.modules_to_save = ParseLoraTargets(o.modules_to_save).names;
   c.base_model_name_or_path = o.model_id;
   return c;
 }
@@ -137,9 +140,8 @@ std::optional<PeftAdapterConfig> AdapterConfigOf(const FinetuneOptions& o) {
 Status ApplyLora(const FinetuneOptions& o, LoadedModel* model) {
   const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o);
   if (!c) return Status::Ok();
-  StatusOr<LoraSpec> spec = LoraSpecFor(model->config, model->registry, *c);
-  if (!spec.ok()) return spec.status().WithContext("--lora-target-modules");
-  return AttachLora(model, *spec, o.seed);
+  ST_ASSIGN_OR_RETURN(LoraSpec spec, LoraSpecFor(model->config, model->registry, *c));
+  return AttachLora(model, spec, o.seed);
 }
 
 namespace {
@@ -321,6 +323,9 @@ SetupSummary Trainer::Summary() const {
                   c->use_rslora ? ", rsLoRA" : "", in_.model.lora.targets.size(),
                   LoraTargetsString(c->targets).c_str());
     s.adapters = buf;
+    if (!in_.model.lora.full.empty())
+      s.adapters += StrCat(" + ", in_.model.lora.full.size(), " tensors trained in full (",
+                           o_.modules_to_save, ")");
   }
   return s;
 }

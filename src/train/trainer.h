@@ -68,7 +68,8 @@ struct FinetuneOptions {
   double lora_dropout = 0;
   std::string lora_target_modules;  // "" = PEFT's default for Gemma (q_proj,v_proj)
   bool use_rslora = false;
-  std::string data_dir;  // where the bundled data lives
+  std::string modules_to_save;  // PEFT's modules_to_save: base modules trained in full beside
+  std::string data_dir;         // where the bundled data lives
   // The Hugging Face model of each checkpoint: the dtype of the trained tensors ("" = the source
   // checkpoint's, fp32 for a preset) and the largest weight file (transformers' max_shard_size).
   std::string save_dtype;
