@@ -15,6 +15,7 @@
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
+#include "micro_model.h"
 #include "model/gemma4.h"
 #include "model/lora.h"
 #include "model/weights.h"
@@ -23,48 +24,10 @@
 namespace st {
 namespace {
 
+using test::MakeBatch;
+using test::MicroBatch;
+using test::MicroConfig;
 using test::RelError;
-
-Gemma4Config MicroConfig() {
-  Gemma4Config c;
-  c.vocab_size = c.vocab_size_per_layer_input = 50;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 5;
-  c.layer_types = {LayerType::kSliding, LayerType::kFull, LayerType::kSliding, LayerType::kSliding,
-                   LayerType::kFull};
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.global_head_dim = 16;
-  c.hidden_size_per_layer_input = 4;
-  c.num_kv_shared_layers = 3;
-  c.use_double_wide_mlp = true;
-  c.sliding_window = 3;
-  c.final_logit_softcapping = 30.0;
-  c.initializer_range = 0.2;
-  EXPECT_TRUE(c.Validate().ok()) << c.Validate().ToString();
-  return c;
-}
-
-struct Tokens {
-  std::vector<int32_t> ids, labels;
-  std::vector<uint8_t> mask;
-  Batch Get(int64_t B, int64_t T) const { return {ids.data(), mask.data(), labels.data(), B, T}; }
-};
-
-Tokens MakeTokens(const Gemma4Config& c, int64_t B, int64_t T, uint64_t seed) {
-  Tokens t;
-  Rng rng(seed);
-  t.ids.resize(B * T);
-  t.mask.assign(B * T, 1);
-  for (auto& id : t.ids) id = 1 + static_cast<int32_t>(rng.Below(c.vocab_size - 1));
-  for (int64_t j = T - 2; j < T && B > 1; ++j) t.mask[T + j] = 0;  // row 1 right-padded
-  t.labels = t.ids;
-  for (int64_t i = 0; i < B * T; ++i)
-    if (!t.mask[i]) t.ids[i] = 0, t.labels[i] = -100;
-  return t;
-}
 
 LoraSpec Spec(const Gemma4Config& c, const LoraTargets& targets, int64_t rank, double alpha,
               double dropout = 0) {
@@ -125,7 +88,7 @@ std::vector<bool> AdaptersOnly(const ParamRegistry& reg) {
 }
 
 TEST(Lora, TargetsFollowPeftNaming) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const ParamRegistry reg = BuildParamRegistry(c);
   // PEFT's default for Gemma: q_proj and v_proj; kv-shared layers have no v_proj.
   auto def = SelectLoraTargets(reg, DefaultLoraTargets(), "model.");
@@ -172,7 +135,7 @@ TEST(Lora, TargetsFollowPeftNaming) {
 }
 
 TEST(Lora, PeftInitialisation) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const ParamRegistry base = BuildParamRegistry(c);
   const ParamRegistry reg = BuildParamRegistry(c, Spec(c, ParseLoraTargets("all-linear"), 8, 16));
   LoraWeights w(reg, std::make_unique<PresetWeights>(c, base, 1), 1);
@@ -197,14 +160,14 @@ TEST(Lora, PeftInitialisation) {
 }
 
 TEST(Lora, ZeroBIsTheBaseModel) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const int64_t B = 3, T = 9;
   EngineOptions o;
   o.lora = Spec(c, ParseLoraTargets("all-linear"), 4, 8);
   Gemma4Engine lora(c, B, T, o), plain(c, B, T);
   const ParamRegistry& reg = lora.registry();
   auto p = LoraParams(c, reg, 0.0f, 3);
-  Tokens tk = MakeTokens(c, B, T, 4);
+  MicroBatch tk = MakeBatch(c, B, T, 4);
   const ForwardResult a = lora.Forward(p.data(), tk.Get(B, T));
   const ForwardResult b = plain.Forward(p.data(), tk.Get(B, T));  // base entries come first
   EXPECT_EQ(a.loss_sum, b.loss_sum);
@@ -229,7 +192,7 @@ TEST(Lora, ZeroBIsTheBaseModel) {
 // y = x W^T + s x A^T B^T is the base model with W' = W + s B A; so are the gradients:
 // dA = s B^T dW', dB = s dW' A^T, and every other tensor's gradient is the merged model's.
 TEST(Lora, MergeIdentityForOutputsAndGradients) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const int64_t B = 3, T = 9;
   const ParamRegistry base = BuildParamRegistry(c);
   for (const char* targets : {"all-linear", "q_proj,v_proj,down_proj"}) {
@@ -240,7 +203,7 @@ TEST(Lora, MergeIdentityForOutputsAndGradients) {
     const ParamRegistry& reg = lora.registry();
     auto p = LoraParams(c, reg, 0.2f, 5);
     auto merged = Merged(reg, p, base);
-    Tokens tk = MakeTokens(c, B, T, 6);
+    MicroBatch tk = MakeBatch(c, B, T, 6);
     const Batch batch = tk.Get(B, T);
     const ForwardResult a = lora.Forward(p.data(), batch);
     const ForwardResult b = plain.Forward(merged.data(), batch);
@@ -263,7 +226,9 @@ TEST(Lora, MergeIdentityForOutputsAndGradients) {
     const int64_t R = reg.lora_rank;
     for (int e = 0; e < reg.base_entries; ++e) {
       const ArenaEntry& w = reg.layout.entry(e);
-      EXPECT_LT(RelError(ga.data() + w.offset, gb.data() + w.offset, w.numel), 1e-4) << w.name;
+      // fp32 rounding of two different association orders (k_norm's, through the left-padded
+      // row: 1.3e-4).
+      EXPECT_LT(RelError(ga.data() + w.offset, gb.data() + w.offset, w.numel), 3e-4) << w.name;
       if (reg.lora_a[e] < 0) continue;
       const int64_t rows = w.shape[0], cols = w.shape[1];
       const float* A = p.data() + reg.layout.entry(reg.lora_a[e]).offset;
@@ -287,7 +252,7 @@ TEST(Lora, MergeIdentityForOutputsAndGradients) {
 }
 
 TEST(Lora, FastMatchesReference) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const int64_t B = 2, T = 10;
   for (double dropout : {0.0, 0.25}) {
     EngineOptions o;
@@ -299,7 +264,7 @@ TEST(Lora, FastMatchesReference) {
     ref.SetDropoutSeed(11);
     const ParamRegistry& reg = fast.registry();
     auto p = LoraParams(c, reg, 0.1f, 7);
-    Tokens tk = MakeTokens(c, B, T, 8);
+    MicroBatch tk = MakeBatch(c, B, T, 8);
     const std::vector<bool> train = AdaptersOnly(reg);
     const ForwardResult a = fast.Forward(p.data(), tk.Get(B, T));
     const ForwardResult b = ref.Forward(p.data(), tk.Get(B, T));
@@ -318,7 +283,7 @@ TEST(Lora, FastMatchesReference) {
 // The gradient with dropout against finite differences of the loss (masks fixed by the seed),
 // along one random direction per adapter tensor: checks the masked input's gradient path.
 TEST(Lora, DropoutGradientsMatchFiniteDifferences) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const int64_t B = 2, T = 8;
   for (double dropout : {0.0, 0.4}) {
     SCOPED_TRACE(dropout);
@@ -329,7 +294,7 @@ TEST(Lora, DropoutGradientsMatchFiniteDifferences) {
     eng.SetDropoutSeed(5);
     const ParamRegistry& reg = eng.registry();
     auto p = LoraParams(c, reg, 0.3f, 11);
-    Tokens tk = MakeTokens(c, B, T, 12);
+    MicroBatch tk = MakeBatch(c, B, T, 12);
     const Batch batch = tk.Get(B, T);
     std::vector<bool> train = AdaptersOnly(reg);
     // Also the norms: their gradient flows through the masked input's gradient (dx) only.
@@ -384,7 +349,7 @@ TEST(Lora, DropoutMaskStatistics) {
 // With dropout the loss depends on the seed, is reproducible for one seed, and the checkpointed
 // recompute regenerates the forward's masks: bit-identical gradients.
 TEST(Lora, DropoutIsReproducibleAndSurvivesCheckpointing) {
-  const Gemma4Config c = MicroConfig();
+  const Gemma4Config c = MicroConfig(0.2);
   const int64_t B = 2, T = 10;
   auto run = [&](double dropout, uint64_t seed, ActivationCheckpointing ckpt) {
     EngineOptions o;
@@ -394,7 +359,7 @@ TEST(Lora, DropoutIsReproducibleAndSurvivesCheckpointing) {
     eng.SetDropoutSeed(seed);
     const ParamRegistry& reg = eng.registry();
     auto p = LoraParams(c, reg, 0.1f, 9);
-    Tokens tk = MakeTokens(c, B, T, 10);
+    MicroBatch tk = MakeBatch(c, B, T, 10);
     const std::vector<bool> train = AdaptersOnly(reg);
     const ForwardResult f = eng.Forward(p.data(), tk.Get(B, T));
     std::vector<float> g(p.size(), 0.f);
@@ -433,7 +398,7 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
   EXPECT_EQ(back->base_model_name_or_path, c.base_model_name_or_path);
   EXPECT_EQ(back->modules_to_save, c.modules_to_save);
 
-  const Gemma4Config cfg = MicroConfig();
+  const Gemma4Config cfg = MicroConfig(0.2);
   const ParamRegistry reg = BuildParamRegistry(cfg);
   for (const char* t : {"q_proj,v_proj", "all-linear", "down_proj,per_layer_model_projection"}) {
     const LoraTargets names = ParseLoraTargets(t);
@@ -464,7 +429,7 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
 
 // modules_to_save as PEFT matches them: a plain suffix of any module containing the tensor.
 TEST(LoraPeftFiles, ModulesToSaveSelection) {
-  const Gemma4Config cfg = MicroConfig();
+  const Gemma4Config cfg = MicroConfig(0.2);
   const ParamRegistry reg = BuildParamRegistry(cfg);
   auto q = SelectLoraTargets(reg, ParseLoraTargets("q_proj"), "model.");
   ASSERT_TRUE(q.ok());

@@ -132,9 +132,9 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
     advice = "lower --batch-size-per-device or --max-seq-len, or fewer --threads";
   else if (what.find("sharded") != std::string::npos || what.find("gathered") != std::string::npos)
     advice =
-        "train fewer tensors (--freeze, e.g. '^(embed_tokens|layers\\.([0-9]|1[0-9]|2[0-9])\\.)' "
-        "to train only the last layers) or shard over more hosts (the sharded state falls as "
-        "1/workers)";
+        "train adapters on a frozen base (--lora-rank 16), or fewer tensors (--freeze, e.g. "
+        "'^(embed_tokens|layers\\.([0-9]|1[0-9]|2[0-9])\\.)' to train only the last layers), or "
+        "shard over more hosts (the sharded state falls as 1/workers)";
   else if (fit >= 1)
     advice = StrCat("at most ", fit,
                     " such worker(s) fit on this host: fewer workers here (--topology / "
