@@ -265,7 +265,9 @@ ActivationPlan ActivationPlan::Build(const Gemma4Config& cfg, int64_t B, int64_t
   // log-sum-exp.
   plan.head_h = l.Add("head.rows", {N, d});
   const int64_t V = cfg.vocab_size;
-  if (train && static_cast<double>(N) * static_cast<double>(V) * sizeof(float) <= kHeadCacheBytes) {
+  // (Not with LoRA: its head is the frozen tied embedding, read block by block, never cached.)
+  if (train && !options.lora.enabled() &&
+      static_cast<double>(N) * static_cast<double>(V) * sizeof(float) <= kHeadCacheBytes) {
     // Small enough to keep: the forward's softcapped logits of the target rows, which the
     // backward then turns into their gradient without recomputing the head's product.
     plan.head_cache = l.Add("head.logits", {N, V});
