@@ -16,6 +16,7 @@
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "micro_model.h"
+#include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "model/lora.h"
 #include "model/weights.h"
@@ -372,6 +373,66 @@ TEST(Lora, DropoutIsReproducibleAndSurvivesCheckpointing) {
   EXPECT_EQ(run(0.3, 1, ActivationCheckpointing::kMlp), none);
   EXPECT_NE(run(0.3, 2, ActivationCheckpointing::kNone).first, none.first);
   EXPECT_NE(run(0.0, 1, ActivationCheckpointing::kNone).first, none.first);
+}
+
+// A preset base (generated on every read) under LoRA: FrozenWeights converts each frozen layer
+// once and keeps it, instead of regenerating it whenever the engine enters the layer; the results
+// are those of the base's values in an arena.
+TEST(Lora, AGeneratedBaseIsConvertedOnce) {
+  const Gemma4Config c = MicroConfig(0.2);
+  const int64_t B = 2, T = 9;
+  const ParamRegistry base = BuildParamRegistry(c);
+  struct Counting : PresetWeights {
+    using PresetWeights::PresetWeights;
+    void Read(int entry, int64_t begin, int64_t count, float* dst) const override {
+      ++reads[entry];
+      PresetWeights::Read(entry, begin, count, dst);
+    }
+    mutable std::vector<int> reads = std::vector<int>(1000, 0);
+  };
+  EngineOptions o;
+  o.lora = Spec(c, DefaultLoraTargets(), 2, 4);
+  Gemma4Engine eng(c, B, T, o);
+  const ParamRegistry& reg = eng.registry();
+  auto counting = std::make_unique<Counting>(c, base, 5);
+  const Counting* reads = counting.get();
+  LoraWeights w(reg, std::move(counting), 5);
+  std::vector<bool> frozen(reg.layout.size());
+  for (int i = 0; i < reg.layout.size(); ++i) frozen[i] = i < reg.base_entries;
+  FrozenWeights fw(reg, w, frozen);
+  // Every frozen layer kept: more than two layers' worth.
+  double layers = 0;
+  for (int i = 0; i < reg.base_entries; ++i)
+    if (LayerOfName(reg.layout.entry(i).name) >= 0) layers += reg.layout.entry(i).numel;
+  EXPECT_GE(static_cast<double>(fw.ResidentBytes()), 4 * layers);
+  auto p = LoraParams(c, reg, 0.1f, 5);
+  std::vector<float> g(p.size(), 0.f), g_arena(p.size(), 0.f);
+  ParamTable table = ParamTable::FromArenas(reg, p.data(), g.data(), nullptr);
+  for (int i = 0; i < reg.base_entries; ++i) table.grad[i] = nullptr;
+  fw.Bind(&table);
+  MicroBatch tk = MakeBatch(c, B, T, 6);
+  double loss = 0;
+  for (int step = 0; step < 2; ++step) {
+    const ForwardResult f = eng.Forward(table, tk.Get(B, T), &fw);
+    eng.Backward(table, tk.Get(B, T), 1.0f / f.num_valid, &fw);
+    loss = f.loss_sum;
+  }
+  for (int i = 0; i < reg.base_entries; ++i)
+    if (LayerOfName(reg.layout.entry(i).name) >= 0 && !reg.is_buffer[i]) {
+      EXPECT_EQ(reads->reads[i], 1) << reg.layout.entry(i).name;
+    }
+  const std::vector<bool> train = AdaptersOnly(reg);
+  const ForwardResult f = eng.Forward(p.data(), tk.Get(B, T));
+  EXPECT_EQ(f.loss_sum, loss);
+  eng.Backward(p.data(), g_arena.data(), tk.Get(B, T), 1.0f / f.num_valid, &train);
+  for (int i = reg.base_entries; i < reg.layout.size(); ++i) {
+    const ArenaEntry& e = reg.layout.entry(i);
+    for (int64_t j = 0; j < e.numel; ++j)
+      ASSERT_EQ(2 * g_arena[e.offset + j], g[e.offset + j]) << e.name;  // two steps accumulated
+  }
+  // A file-backed base of the same size keeps two slots (KeepsAllFrozenLayers).
+  EXPECT_FALSE(KeepsAllFrozenLayers(false, 4 * layers));
+  EXPECT_FALSE(KeepsAllFrozenLayers(true, 2 * kKeepGeneratedLayersBytes));
 }
 
 // adapter_config.json: what slicetrain writes reads back; a multimodal model's names become

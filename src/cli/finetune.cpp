@@ -255,6 +255,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       const int local = env.is_worker() ? env.local_world_size : topo.world_size();
       const size_t available = launch::AvailableMemoryBytes();
       WorkerShape shape;
+      shape.generated_weights = !from_dir;  // a preset
       shape.world = topo.world_size();
       shape.batch = a.o.batch_size_per_device;
       shape.seq = a.o.max_seq_len;

@@ -82,6 +82,7 @@ Status Run(const InfoArgs& a) {
   ST_ASSIGN_OR_RETURN(shape.checkpointing,
                       ParseActivationCheckpointing(a.activation_checkpointing));
   shape.threads = std::max(1, a.threads);
+  shape.generated_weights = m.weights->Generated();
   const WorkerMemoryEstimate e = EstimateWorkerMemory(c, reg, trainable.mask, shape);
   // Frozen bytes left in the mapped files (a preset generates them instead).
   const double mapped = MappedFrozenBytes(*m.weights, reg, trainable.mask);

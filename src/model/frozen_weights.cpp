@@ -39,12 +39,21 @@ FrozenWeights::FrozenWeights(const ParamRegistry& reg, const WeightSource& sourc
     }
   }
   for (int64_t t : layer_total) slot_size_ = std::max(slot_size_, t);
+  int64_t all_total = 0;
+  for (int64_t t : layer_total) {
+    layer_base_.push_back(all_total);
+    all_total += t;
+  }
+  keep_all_ = KeepsAllFrozenLayers(source.Generated(), static_cast<double>(all_total) * 4);
+  converted_.assign(reg.layers.size(), false);
   root_ = AlignedBuffer(root_total, "the frozen tensors outside the decoder layers (fp32)");
   for (int i : root_entries_) {
     source_.ReadAll(i, root_.data() + offset_[i]);
     source_.Release(i);
   }
-  if (slot_size_ > 0)
+  if (keep_all_ && all_total > 0)
+    all_ = AlignedBuffer(all_total, "the decoder layers' frozen tensors (fp32)");
+  else if (!keep_all_ && slot_size_ > 0)
     for (AlignedBuffer& s : slots_)
       s = AlignedBuffer(slot_size_, "a decoder layer's frozen tensors (fp32)");
 }
@@ -64,6 +73,14 @@ void FrozenWeights::Bind(ParamTable* table) {
 void FrozenWeights::EnterLayer(int64_t layer) {
   const std::vector<int>& entries = layer_entries_[static_cast<size_t>(layer)];
   if (entries.empty() || table_ == nullptr) return;
+  if (keep_all_) {
+    float* base = all_.data() + layer_base_[static_cast<size_t>(layer)];
+    if (!converted_[static_cast<size_t>(layer)])
+      for (int i : entries) source_.ReadAll(i, base + offset_[i]);
+    converted_[static_cast<size_t>(layer)] = true;
+    for (int i : entries) table_->param[i] = base + offset_[i];
+    return;
+  }
   const int s = static_cast<int>(layer % 2);
   float* slot = slots_[s].data();
   if (slot_layer_[s] != layer) {

@@ -9,6 +9,9 @@
 //   the slot, so a forward followed by the backward converts the last layer once;
 // - every other frozen tensor (norms, the per-layer projection) is converted once, at
 //   construction.
+// - a generated source (a preset: every read recomputes the seeded initialisation) whose frozen
+//   layers fit in kKeepGeneratedLayersBytes keeps each layer once converted instead of two slots
+//   (a preset base under LoRA would otherwise regenerate every layer twice a step).
 // Used by FsdpModel for its frozen entries and on its own (as the engine's hooks) by `evaluate`.
 #pragma once
 
@@ -20,6 +23,13 @@
 #include "model/weights.h"
 
 namespace st {
+
+constexpr double kKeepGeneratedLayersBytes = 512.0 * (1 << 20);
+// Whether FrozenWeights keeps every frozen layer: a generated source whose frozen layers take at
+// most kKeepGeneratedLayersBytes in fp32 (the memory plan asks the same).
+inline bool KeepsAllFrozenLayers(bool generated, double frozen_layer_bytes) {
+  return generated && frozen_layer_bytes <= kKeepGeneratedLayersBytes;
+}
 
 class FrozenWeights : public ParamHooks {
  public:
@@ -41,8 +51,10 @@ class FrozenWeights : public ParamHooks {
     if (part == Part::kLayer) EnterLayer(layer);
   }
 
-  // Bytes of fp32 this object holds: the root copies and the two layer slots.
-  size_t ResidentBytes() const { return (root_.size() + 2 * slot_size_) * sizeof(float); }
+  // Bytes of fp32 this object holds: the root copies and the two layer slots (or every layer).
+  size_t ResidentBytes() const {
+    return (root_.size() + (keep_all_ ? all_.size() : 2 * slot_size_)) * sizeof(float);
+  }
   // Frozen elements served from the source as rows and blocks (never copied whole).
   int64_t LookupElements() const { return lookup_elements_; }
 
@@ -57,6 +69,10 @@ class FrozenWeights : public ParamHooks {
   int64_t slot_size_ = 0;
   AlignedBuffer slots_[2];
   int64_t slot_layer_[2] = {-1, -1};
+  bool keep_all_ = false;            // KeepsAllFrozenLayers: every layer in all_, converted once
+  AlignedBuffer all_;                // [sum of the layers' frozen elements]
+  std::vector<int64_t> layer_base_;  // [layer] where its tensors start in all_
+  std::vector<bool> converted_;      // [layer]
   int64_t lookup_elements_ = 0;
   ParamTable* table_ = nullptr;
 };

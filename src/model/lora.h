@@ -118,6 +118,7 @@ class LoraWeights : public WeightSource {
   std::optional<Stored> StoredBytes(int entry) const override;
   void Release(int entry, int64_t begin = 0, int64_t count = -1) const override;
   DType dtype() const override { return base_->dtype(); }
+  bool Generated() const override { return base_->Generated(); }
   const WeightSource& base() const { return *base_; }
 
  private:

@@ -44,6 +44,10 @@ class WeightSource {
   // it read from. Default: nothing.
   virtual void Release(int /*entry*/, int64_t /*begin*/ = 0, int64_t /*count*/ = -1) const {}
 
+  // True when values are computed on every read (a preset's seeded initialisation), not converted
+  // from stored bytes: reading again costs far more than keeping them (FrozenWeights).
+  virtual bool Generated() const { return false; }
+
   // The element type of most stored weights (F32 for presets): the default save dtype.
   virtual DType dtype() const = 0;
 
@@ -63,6 +67,7 @@ class PresetWeights : public WeightSource {
   PresetWeights(const Gemma4Config& cfg, const ParamRegistry& reg, uint64_t seed);
   void Read(int entry, int64_t begin, int64_t count, float* dst) const override;
   DType dtype() const override { return DType::kF32; }
+  bool Generated() const override { return true; }
 
  private:
   double init_range_;

@@ -64,7 +64,12 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   e.params = e.grads = f32 * shards;
   e.optimizer = 2 * f32 * shards;
   e.gathered_units = gathered(unit[0]) + gathered(unit_slot[0]) + gathered(unit_slot[1]);
-  e.frozen_fp32 = f32 * (frozen_root + frozen_slot[0] + frozen_slot[1]);
+  double frozen_layers = 0;
+  for (double b : frozen_layer) frozen_layers += b;
+  e.frozen_fp32 =
+      f32 * (frozen_root + (KeepsAllFrozenLayers(shape.generated_weights, f32 * frozen_layers)
+                                ? frozen_layers
+                                : frozen_slot[0] + frozen_slot[1]));
   EngineOptions engine;
   engine.checkpointing = shape.checkpointing;
   engine.lora = LoraSpecOf(registry);

@@ -50,6 +50,8 @@ struct WorkerShape {
   bool layer_units = false;  // FSDP units are whole decoder layers (--fsdp-units layer)
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int threads = 1;  // compute threads per worker (the attention workspace is per thread)
+  // The weights are generated (a preset), not read from files: small frozen layers are kept.
+  bool generated_weights = false;
 };
 
 // One worker of shape.world with a per-worker batch of shape.batch x shape.seq tokens.
