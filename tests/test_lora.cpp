@@ -477,6 +477,7 @@ TEST(LoraPeftFiles, ConfigRoundTripTargetsAndRefusals) {
                                                         {"rank_pattern", "{\"q_proj\": 8}"},
                                                         {"exclude_modules", "[\"q_proj\"]"},
                                                         {"layers_to_transform", "[0, 1]"},
+                                                        {"init_lora_weights", "\"pissa_niter_4\""},
                                                         {"peft_type", "\"IA3\""}}) {
     auto j = nlohmann::json::parse(PeftAdapterConfigJson(c));
     j[field] = nlohmann::json::parse(value);

@@ -115,6 +115,18 @@ StatusOr<PeftAdapterConfig> ReadPeftAdapterConfig(const std::string& dir) {
            {"use_qalora", "QA-LoRA"},
            {"use_bdlora", "block-diagonal LoRA"}})
     ST_RETURN_IF_ERROR(RefuseIfSet(j, path, field, what));
+  // PiSSA, OLoRA, CorDA and LoftQ change the base weights when they initialise the adapter; saved
+  // without PEFT's conversion (init_lora_weights left as their name) the adapter needs that
+  // changed base, which is not the model given.
+  if (j.contains("init_lora_weights") && j["init_lora_weights"].is_string()) {
+    const std::string init = j["init_lora_weights"].get<std::string>();
+    for (const char* changes_base : {"pissa", "olora", "corda", "loftq"})
+      if (init.rfind(changes_base, 0) == 0)
+        return InvalidArgument(
+            StrCat(path, ": init_lora_weights = \"", init,
+                   "\" changed the base weights when the adapter was made; save it with PEFT's "
+                   "path_initial_model_for_weight_conversion to get a plain LoRA adapter"));
+  }
   PeftAdapterConfig c;
   if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1)
     return DataLoss(StrCat(path, ": r must be a positive integer"));
