@@ -498,8 +498,11 @@ TEST(LoraFinetune, WorkersAgreeResumeIsExactEvaluateAndExport) {
     ASSERT_EQ(by_world.back().size(), 2u) << r.out;
     EXPECT_NE(r.out.find("LoRA r=4, alpha=8"), std::string::npos) << r.out;
   }
+  // Same global batches, different reduction orders: AdamW turns the rounding of near-zero
+  // gradients (B starts at zero) into full-size updates, so the runs drift apart slowly (up to
+  // 1.7e-3 after 16 steps under ASan's code generation, against a 0.4 fall of the loss).
   for (size_t w = 1; w < by_world.size(); ++w)
-    for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(by_world[w][e], by_world[0][e], 2e-4) << w << e;
+    for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(by_world[w][e], by_world[0][e], 5e-3) << w << e;
   EXPECT_LT(by_world[0][1], by_world[0][0]) << "the adapters learn";
   const std::string ckpt = NewestCheckpoint(dir + "/w2");
   ASSERT_FALSE(ckpt.empty());
