@@ -18,9 +18,7 @@ targets="${TARGETS:-all-linear}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 # The base: a gemma4-small checkpoint (a tiny full fine-tuning run), as LoRA is run on a
-# pretrained model in practice; its config.json is the peer's too. (On a preset base slicetrain
-# would regenerate the frozen weights from the seed every time a layer is entered: about 25 %
-# slower, and not what a user does.)
+# pretrained model in practice; its config.json is the peer's too.
 out="$("$bin" finetune --model-id gemma4-small --max-seq-len 64 --batch-size-per-device 4 \
   --topology 1 --dataset-split "train[:8]" --num-epochs 1 --storage-path "$tmp" \
   --run-name config --no-dashboard --progress off 2>&1)" || { echo "$out"; exit 1; }
