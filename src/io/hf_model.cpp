@@ -308,6 +308,29 @@ Status HfModelWriter::AppendStored(int entry, const void* data, size_t bytes, DT
   return writer_.AppendStored(data, bytes, dtype);
 }
 
+Status HfModelWriter::AppendFromSource(int entry, const WeightSource& source) {
+  if (std::optional<WeightSource::Stored> s = source.StoredBytes(entry)) {
+    constexpr size_t kBytes = size_t{16} << 20;
+    const size_t elem = DTypeSize(s->dtype);
+    for (size_t off = 0; off < s->bytes; off += kBytes) {
+      const size_t n = std::min(kBytes, s->bytes - off);
+      ST_RETURN_IF_ERROR(AppendStored(entry, static_cast<const char*>(s->data) + off, n, s->dtype));
+      source.Release(entry, static_cast<int64_t>(off / elem), static_cast<int64_t>(n / elem));
+    }
+    return Status::Ok();
+  }
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  const int64_t numel = reg_.layout.entry(entry).numel;
+  if (chunk_.size() < std::min(kChunk, numel))
+    chunk_ = AlignedBuffer(std::min(kChunk, numel), "the model writer's conversion chunk");
+  for (int64_t j = 0; j < numel; j += kChunk) {
+    const int64_t n = std::min(kChunk, numel - j);
+    source.Read(entry, j, n, chunk_.data());
+    ST_RETURN_IF_ERROR(AppendF32(entry, chunk_.data(), n));
+  }
+  return Status::Ok();
+}
+
 Status HfModelWriter::Finish() {
   if (open_file_ != static_cast<int>(plan_.size()) - 1)
     return Internal("HfModelWriter: the model's last tensors were not written");

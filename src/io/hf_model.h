@@ -87,6 +87,10 @@ class HfModelWriter {
   // may come in several consecutive pieces.
   Status AppendF32(int entry, const float* data, int64_t n);
   Status AppendStored(int entry, const void* data, size_t bytes, DType dtype);
+  // The whole of `entry` as `source` has it: its stored bytes copied unchanged in chunks whose file
+  // pages are dropped once written (the writer never holds a frozen tensor's pages), or, for a
+  // source that stores none (a preset, an adapter file), converted to fp32 chunk by chunk.
+  Status AppendFromSource(int entry, const WeightSource& source);
   // After the last tensor: closes the last file and writes the index (when sharded).
   Status Finish();
 
@@ -98,6 +102,7 @@ class HfModelWriter {
 
   std::string dir_, prefix_;
   ParamRegistry reg_;
+  AlignedBuffer chunk_;  // AppendFromSource's conversion chunk
   struct File {
     std::string name;
     std::vector<int> entries;

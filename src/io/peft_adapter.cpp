@@ -230,41 +230,22 @@ Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DT
   const WeightSource& source = *model.weights;
   std::vector<DType> dtypes(static_cast<size_t>(base.layout.size()), dtype);
   for (int i = 0; i < base.layout.size(); ++i)
-    if (reg.lora_a[static_cast<size_t>(i)] < 0 && !reg.lora_full[static_cast<size_t>(i)])
+    if (reg.lora_a[static_cast<size_t>(i)] < 0)  // modules_to_save come from the adapter: none
       if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) dtypes[i] = s->dtype;
   ST_ASSIGN_OR_RETURN(
       std::unique_ptr<HfModelWriter> out,
       HfModelWriter::Create(out_dir, model.config, base, dtypes, dtype, max_shard_bytes));
-  constexpr int64_t kChunk = int64_t{1} << 22;
-  std::vector<float> buf;
+  std::vector<float> merged;
   for (int i = 0; i < base.layout.size(); ++i) {
-    const ArenaEntry& e = base.layout.entry(i);
-    if (reg.lora_a[static_cast<size_t>(i)] >= 0) {
-      buf.resize(static_cast<size_t>(e.numel));
-      MergeLora(reg, source, i, buf.data());
-      ST_RETURN_IF_ERROR(out->AppendF32(i, buf.data(), e.numel));
-      source.Release(i);
+    if (reg.lora_a[static_cast<size_t>(i)] < 0) {  // as the base (or modules_to_save) has it
+      ST_RETURN_IF_ERROR(out->AppendFromSource(i, source));
       continue;
     }
-    std::optional<WeightSource::Stored> s;
-    if (!reg.lora_full[static_cast<size_t>(i)]) s = source.StoredBytes(i);
-    if (s) {
-      constexpr size_t kBytes = size_t{16} << 20;
-      const size_t elem = DTypeSize(s->dtype);
-      for (size_t off = 0; off < s->bytes; off += kBytes) {
-        const size_t n = std::min(kBytes, s->bytes - off);
-        ST_RETURN_IF_ERROR(
-            out->AppendStored(i, static_cast<const char*>(s->data) + off, n, s->dtype));
-        source.Release(i, static_cast<int64_t>(off / elem), static_cast<int64_t>(n / elem));
-      }
-      continue;
-    }
-    buf.resize(static_cast<size_t>(std::min(kChunk, e.numel)));
-    for (int64_t j = 0; j < e.numel; j += kChunk) {
-      const int64_t n = std::min(kChunk, e.numel - j);
-      source.Read(i, j, n, buf.data());
-      ST_RETURN_IF_ERROR(out->AppendF32(i, buf.data(), n));
-    }
+    const int64_t numel = base.layout.entry(i).numel;
+    merged.resize(static_cast<size_t>(numel));
+    MergeLora(reg, source, i, merged.data());
+    ST_RETURN_IF_ERROR(out->AppendF32(i, merged.data(), numel));
+    source.Release(i);
   }
   return out->Finish();
 }

@@ -90,8 +90,6 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
     else
       status = w.status();
   }
-  constexpr int64_t kChunk = int64_t{1} << 22;
-  AlignedBuffer chunk;  // a frozen tensor's conversion chunk (a preset's generated values)
   for (int i = 0; i < reg.layout.size(); ++i) {
     const ArenaEntry& e = reg.layout.entry(i);
     if (fsdp.trainable(i)) {
@@ -100,25 +98,7 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
       if (writer && status.ok()) status = out->AppendF32(i, tensor.data(), e.numel);
       continue;
     }
-    if (!writer || !status.ok()) continue;
-    if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) {
-      // Copied from the mapped file in chunks whose pages are dropped once written: the writer
-      // does not end up holding the frozen tensors' pages.
-      constexpr size_t kBytes = size_t{16} << 20;
-      const size_t elem = DTypeSize(s->dtype);
-      for (size_t off = 0; off < s->bytes && status.ok(); off += kBytes) {
-        const size_t n = std::min(kBytes, s->bytes - off);
-        status = out->AppendStored(i, static_cast<const char*>(s->data) + off, n, s->dtype);
-        source.Release(i, static_cast<int64_t>(off / elem), static_cast<int64_t>(n / elem));
-      }
-      continue;
-    }
-    if (chunk.size() == 0) chunk = AlignedBuffer(kChunk, "the checkpoint writer's chunk");
-    for (int64_t j = 0; j < e.numel && status.ok(); j += kChunk) {
-      const int64_t n = std::min(kChunk, e.numel - j);
-      source.Read(i, j, n, chunk.data());
-      status = out->AppendF32(i, chunk.data(), n);
-    }
+    if (writer && status.ok()) status = out->AppendFromSource(i, source);
   }
   if (writer && status.ok()) status = out->Finish();
   return status;
