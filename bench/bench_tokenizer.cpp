@@ -21,8 +21,8 @@ const std::string kRoot = ST_SOURCE_DIR;
 const std::vector<std::string>& Texts() {
   static const std::vector<std::string> texts = [] {
     std::vector<std::string> out;
-    auto ds =
-        InstructionDataset::Open({kRoot + "/data/tiny_instruct/train.jsonl", "train", "", "", ""});
+    auto ds = InstructionDataset::Open(
+        {kRoot + "/data/tiny_instruct/train.jsonl", "train", "", "", "", "", "", ""});
     ST_CHECK(ds.ok()) << ds.status().message();
     PromptTemplate t;
     DatasetReport rep;

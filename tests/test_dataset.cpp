@@ -96,7 +96,7 @@ TEST(Split, ResolveLikeDatasets) {
 
 TEST(Dataset, BundledDollySplits) {
   DatasetReport rep;
-  DatasetOptions o{kRoot + "/data/tiny_instruct/train.jsonl", "train[:10]", "", "", ""};
+  DatasetOptions o{kRoot + "/data/tiny_instruct/train.jsonl", "train[:10]", "", "", "", "", "", ""};
   auto recs = ReadAll(o, &rep);
   ASSERT_EQ(recs.size(), 10u);
   EXPECT_EQ(rep.layout, DatasetLayout::kDolly);
@@ -126,7 +126,7 @@ TEST(Dataset, MalformedRecordsSkippedWithLines) {
               "{\"instruction\": \"c\", \"context\": \"ctx\", \"response\": \"d\"}\r\n");
   DatasetReport rep;
   Status st;
-  auto recs = ReadAll({f, "train", "", "", ""}, &rep, &st);
+  auto recs = ReadAll({f, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(recs.size(), 2u);
   EXPECT_EQ(recs[1].line, 7);
@@ -149,16 +149,16 @@ TEST(Dataset, NoUsableRecordIsAnError) {
                           "\"response\": \"b\"}\n");
   DatasetReport rep;
   Status st;
-  ReadAll({f, "train[1:]", "", "", ""}, &rep, &st);
+  ReadAll({f, "train[1:]", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("no usable record"), std::string::npos) << st.message();
   std::string g = d.Write("y.jsonl", "{\"text\": \"a\"}\n");
-  ReadAll({g, "train", "", "", ""}, &rep, &st);
+  ReadAll({g, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("--instruction-field"), std::string::npos) << st.message();
-  ReadAll({d.path() + "/missing.jsonl", "train", "", "", ""}, &rep, &st);
+  ReadAll({d.path() + "/missing.jsonl", "train", "", "", "", "", "", ""}, &rep, &st);
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
-  ReadAll({f, "test", "", "", ""}, &rep, &st);
+  ReadAll({f, "test", "", "", "", "", "", ""}, &rep, &st);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
 }
 
@@ -174,7 +174,7 @@ TEST(Dataset, AlpacaJsonArrayStreaming) {
                           "]\n");
   DatasetReport rep;
   Status st;
-  auto recs = ReadAll({f, "train", "", "", ""}, &rep, &st);
+  auto recs = ReadAll({f, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(rep.layout, DatasetLayout::kAlpaca);
   ASSERT_EQ(recs.size(), 3u);
@@ -185,10 +185,10 @@ TEST(Dataset, AlpacaJsonArrayStreaming) {
   ASSERT_EQ(rep.skipped_lines.size(), 1u);
   EXPECT_EQ(rep.skipped_lines[0].first, 5);
   std::string bad = d.Write("bad.json", "{\"instruction\": \"a\"}");
-  ReadAll({bad, "train", "", "", ""}, &rep, &st);
+  ReadAll({bad, "train", "", "", "", "", "", ""}, &rep, &st);
   EXPECT_FALSE(st.ok());
   std::string open = d.Write("open.json", "[{\"instruction\": \"a\", \"response\": \"b\"},");
-  ReadAll({open, "train", "", "", ""}, &rep, &st);
+  ReadAll({open, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("not closed"), std::string::npos);
 }
@@ -199,12 +199,14 @@ TEST(Dataset, ByteOrderMarkIsIgnored) {
   DatasetReport rep;
   Status st;
   auto l =
-      ReadAll({d.Write("bom.jsonl", "\xEF\xBB\xBF" + rec + "\n"), "train", "", "", ""}, &rep, &st);
+      ReadAll({d.Write("bom.jsonl", "\xEF\xBB\xBF" + rec + "\n"), "train", "", "", "", "", "", ""},
+              &rep, &st);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(l.size(), 1u);
   EXPECT_EQ(rep.skipped, 0);
   auto a =
-      ReadAll({d.Write("bom.json", "\xEF\xBB\xBF[" + rec + "]"), "train", "", "", ""}, &rep, &st);
+      ReadAll({d.Write("bom.json", "\xEF\xBB\xBF[" + rec + "]"), "train", "", "", "", "", "", ""},
+              &rep, &st);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(a.size(), 1u);
 }
@@ -213,7 +215,7 @@ TEST(Dataset, CustomFields) {
   TempDir d;
   std::string f = d.Write("c.jsonl", "{\"q\": \"question\", \"a\": \"answer\", \"ctx\": \"c\"}\n");
   DatasetReport rep;
-  auto recs = ReadAll({f, "train", "q", "ctx", "a"}, &rep);
+  auto recs = ReadAll({f, "train", "q", "ctx", "a", "", "", ""}, &rep);
   ASSERT_EQ(recs.size(), 1u);
   EXPECT_EQ(rep.layout, DatasetLayout::kCustom);
   EXPECT_EQ(recs[0].instruction, "question");
@@ -224,7 +226,7 @@ TEST(Dataset, CustomFields) {
 TEST(Prompt, TemplateDefaultsAndOverride) {
   PromptTemplate t;
   ASSERT_TRUE(t.Validate().ok());
-  InstructionRecord r{1, "What is 1 + 1?", "", "2"};
+  InstructionRecord r{1, "What is 1 + 1?", "", "2", {}};
   EXPECT_EQ(t.Format(r), "Instruction: What is 1 + 1?\nResponse: 2");  // the seed's template
   r.context = "math";
   EXPECT_EQ(t.Format(r), "Instruction: What is 1 + 1?\nContext: math\nResponse: 2");
@@ -242,8 +244,8 @@ TEST(Collate, MatchesTransformersDataCollator) {
   nlohmann::json g = nlohmann::json::parse(f);
   auto tok = Tokenizer::Load(kRoot + "/data/tokenizer");
   ASSERT_TRUE(tok.ok()) << tok.status().message();
-  auto ds = InstructionDataset::Open(
-      {kRoot + "/data/tiny_instruct/train.jsonl", g["split"].get<std::string>(), "", "", ""});
+  auto ds = InstructionDataset::Open({kRoot + "/data/tiny_instruct/train.jsonl",
+                                      g["split"].get<std::string>(), "", "", "", "", "", ""});
   ASSERT_TRUE(ds.ok());
   CollateOptions o;
   o.max_seq_len = g["max_seq_len"].get<int64_t>();
@@ -297,12 +299,12 @@ TEST(Dataset, HugeRecordIsAnErrorNotAnAllocation) {
   std::string f = d.Write("x.jsonl", "{\"instruction\": \"a\", \"response\": \"b\"}\n" + big);
   DatasetReport rep;
   Status st;
-  ReadAll({f, "train", "", "", ""}, &rep, &st);
+  ReadAll({f, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("line 2: the line is longer than 16 MiB"), std::string::npos)
       << st.message();
   std::string g = d.Write("x.json", "[{\"instruction\": \"" + big + "\", \"response\": \"b\"}]");
-  ReadAll({g, "train", "", "", ""}, &rep, &st);
+  ReadAll({g, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("longer than 16 MiB"), std::string::npos) << st.message();
 }
@@ -313,7 +315,7 @@ TEST(Dataset, InvalidUtf8IsNamed) {
   std::string f = d.Write("x.jsonl", "{\"instruction\": \"\xff\", \"response\": \"b\"}\n");
   DatasetReport rep;
   Status st;
-  ReadAll({f, "train", "", "", ""}, &rep, &st);
+  ReadAll({f, "train", "", "", "", "", "", ""}, &rep, &st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("line 1 is not valid JSON (invalid UTF-8)"), std::string::npos)
       << st.message();

@@ -1,5 +1,5 @@
-// Streaming readers for JSONL and JSON-array instruction files, the split syntax and the prompt
-// template.
+// Instruction records from data files (one row interface, data/formats/rows.h), split
+// resolution of directories (data/data_files.h), the split syntax and the prompt template.
 #include "data/dataset.h"
 
 #include <cerrno>
@@ -9,135 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/data_files.h"
 
 namespace st {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// Ends a scan early (not an error).
-Status Stop() {
-  return Internal("(scan stopped)");
-}
-bool IsStop(const Status& s) {
-  return s.code() == StatusCode::kInternal && s.message() == "(scan stopped)";
-}
-
-// One raw record of a file: its text and the line it starts on.
-using RawFn = std::function<Status(int64_t index, int64_t line, std::string_view text)>;
-
-std::string TooLong(const std::string& path, int64_t line, const char* what) {
-  return StrCat(path, ": line ", line, ": ", what, " longer than ", kMaxDatasetRecordBytes >> 20,
-                " MiB; is this a JSONL/JSON data set?");
-}
-
-// Calls fn for every non-blank line. Stops early when fn returns an error. Reads in blocks so that
-// a line longer than kMaxDatasetRecordBytes is refused before it is held whole.
-Status ScanJsonl(const std::string& path, const RawFn& fn) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError(StrCat(path, ": cannot open: ", std::strerror(errno)));
-  std::string line;
-  int64_t lineno = 0, index = 0;
-  char buf[1 << 16];
-  auto emit = [&]() -> Status {
-    ++lineno;
-    if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    Status s = Status::Ok();
-    if (line.find_first_not_of(" \t") != std::string::npos) s = fn(index++, lineno, line);
-    line.clear();
-    return s;
-  };
-  for (;;) {
-    f.read(buf, sizeof(buf));
-    const std::streamsize n = f.gcount();
-    if (n <= 0) break;
-    std::string_view chunk(buf, static_cast<size_t>(n));
-    for (size_t nl; (nl = chunk.find('\n')) != std::string_view::npos;) {
-      if (line.size() + nl > kMaxDatasetRecordBytes)
-        return InvalidArgument(TooLong(path, lineno + 1, "the line is"));
-      line.append(chunk.substr(0, nl));
-      chunk.remove_prefix(nl + 1);
-      ST_RETURN_IF_ERROR(emit());
-    }
-    if (line.size() + chunk.size() > kMaxDatasetRecordBytes)
-      return InvalidArgument(TooLong(path, lineno + 1, "the line is"));
-    line.append(chunk);
-  }
-  if (f.bad()) return IoError(StrCat(path, ": read failed"));
-  if (!line.empty()) ST_RETURN_IF_ERROR(emit());
-  return Status::Ok();
-}
-
-// Calls fn for every element of a top-level JSON array, found by a small scanner that tracks
-// strings and nesting, so the file is never held whole in memory.
-Status ScanJsonArray(const std::string& path, const RawFn& fn) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError(StrCat(path, ": cannot open: ", std::strerror(errno)));
-  std::string elem;
-  int64_t line = 1, elem_line = 0, index = 0;
-  int depth = 0;
-  bool in_string = false, escape = false, started = false, done = false;
-  char buf[1 << 16];
-  char bom[3] = {0, 0, 0};
-  if (!(f.read(bom, 3) && std::string_view(bom, 3) == "\xEF\xBB\xBF")) {
-    f.clear();
-    f.seekg(0);
-  }
-  while (!done) {
-    f.read(buf, sizeof(buf));
-    const std::streamsize n = f.gcount();
-    if (n <= 0) break;
-    for (std::streamsize i = 0; i < n && !done; ++i) {
-      const char c = buf[i];
-      if (c == '\n') ++line;
-      if (!started) {
-        if (c == '[') {
-          started = true;
-          depth = 1;
-        } else if (!std::isspace(static_cast<unsigned char>(c))) {
-          return InvalidArgument(
-              StrCat(path, ": line ", line, ": a .json data set must be an array of records"));
-        }
-        continue;
-      }
-      if (in_string) {
-        if (elem.size() >= kMaxDatasetRecordBytes)
-          return InvalidArgument(TooLong(path, elem_line, "the record starting here is"));
-        elem.push_back(c);
-        if (escape)
-          escape = false;
-        else if (c == '\\')
-          escape = true;
-        else if (c == '"')
-          in_string = false;
-        continue;
-      }
-      if (depth == 1 && (c == ',' || c == ']')) {
-        if (elem.find_first_not_of(" \t\r\n") != std::string::npos) {
-          ST_RETURN_IF_ERROR(fn(index++, elem_line, elem));
-        }
-        elem.clear();
-        if (c == ']') done = true;
-        continue;
-      }
-      if (elem.empty() && std::isspace(static_cast<unsigned char>(c))) continue;
-      if (elem.empty()) elem_line = line;
-      if (elem.size() >= kMaxDatasetRecordBytes)
-        return InvalidArgument(TooLong(path, elem_line, "the record starting here is"));
-      elem.push_back(c);
-      if (c == '"') in_string = true;
-      if (c == '{' || c == '[') ++depth;
-      if (c == '}' || c == ']') --depth;
-    }
-  }
-  if (f.bad()) return IoError(StrCat(path, ": read failed"));
-  if (!started) return InvalidArgument(StrCat(path, ": empty file (expected a JSON array)"));
-  if (!done)
-    return InvalidArgument(StrCat(path, ": line ", line, ": the JSON array is not closed"));
-  return Status::Ok();
-}
 
 bool ParseInt(std::string_view s, int64_t* out) {
   if (s.empty()) return false;
@@ -241,6 +121,8 @@ const char* LayoutName(DatasetLayout layout) {
       return "alpaca (instruction, input, output)";
     case DatasetLayout::kCustom:
       return "custom fields";
+    case DatasetLayout::kConversation:
+      return "conversation (role/content or from/value turns)";
     case DatasetLayout::kDetect:
       break;
   }
@@ -261,25 +143,6 @@ std::string DatasetReport::Summary() const {
 }
 
 namespace {
-
-// Whether s is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool ValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = cp << 6 | (d & 0x3f);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n;
-  }
-  return true;
-}
 
 // Reads one field: absent -> nullopt with no error; a string -> value; else error text.
 bool GetString(const json& rec, const std::string& field, std::string* out, std::string* why) {
@@ -302,41 +165,101 @@ bool GetString(const json& rec, const std::string& field, std::string* out, std:
 
 }  // namespace
 
+namespace {
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool HasGlob(const std::string& s) {
+  return s.find_first_of("*?[") != std::string::npos;
+}
+
+std::string Normalise(const std::string& role) {
+  if (role == "human" || role == "user") return "user";
+  if (role == "gpt" || role == "assistant" || role == "model" || role == "chatgpt")
+    return "assistant";
+  return role;
+}
+
+// A turn's content: a string, null, or a list of parts ({"type": "text", "text": ...}).
+bool ContentText(const json& c, std::string* out) {
+  if (c.is_null()) return out->clear(), true;
+  if (c.is_string()) return *out = c.get<std::string>(), true;
+  if (!c.is_array()) return false;
+  out->clear();
+  for (const json& part : c) {
+    if (part.is_string()) {
+      *out += part.get<std::string>();
+    } else if (part.is_object() && part.contains("text") && part["text"].is_string()) {
+      *out += part["text"].get<std::string>();
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& options) {
   InstructionDataset ds;
   ST_ASSIGN_OR_RETURN(ds.split_, ParseSplit(options.split));
+  const std::string& path = options.path;
+  std::vector<std::string> paths;
   std::error_code ec;
-  if (fs::is_directory(options.path, ec)) {
-    for (const char* ext : {".jsonl", ".json"}) {
-      fs::path p = fs::path(options.path) / (ds.split_.name + ext);
-      if (fs::exists(p, ec)) {
-        ds.file_ = p.string();
-        break;
+  if (fs::is_directory(path, ec)) {
+    ST_ASSIGN_OR_RETURN(std::vector<std::string> listing, ListRepoFiles(path));
+    const fs::path readme = fs::path(path) / "README.md";
+    StatusOr<SplitFiles> sf = ResolveSplitFiles(
+        listing, fs::exists(readme, ec) ? ReadText(readme) : "", options.config, ds.split_.name);
+    if (!sf.ok()) {
+      // Earlier slicetrain read <dir>/<split>.jsonl or .json for any split name; kept.
+      for (const char* ext : {".jsonl", ".json"}) {
+        const fs::path p = fs::path(path) / (ds.split_.name + ext);
+        if (options.config.empty() && fs::is_regular_file(p, ec)) paths = {p.string()};
       }
+      if (paths.empty()) return sf.status().WithContext("data set " + path);
+    } else {
+      ds.config_ = sf->config;
+      for (const std::string& f : sf->files) paths.push_back((fs::path(path) / f).string());
     }
-    if (ds.file_.empty())
-      return NotFound(StrCat(options.path, ": no ", ds.split_.name, ".jsonl or ", ds.split_.name,
-                             ".json for split '", ds.split_.name, "'"));
-  } else if (fs::exists(options.path, ec)) {
+  } else if (fs::exists(path, ec) || HasGlob(path)) {
     if (ds.split_.name != "train")
+      return InvalidArgument(StrCat(
+          path, ": data files given as a file or glob are the 'train' split (got '", ds.split_.name,
+          "'); select rows with train[...], or pass a directory whose files name their splits"));
+    if (!options.config.empty())
       return InvalidArgument(
-          StrCat(options.path, ": a single data file has only the 'train' split (got '",
-                 ds.split_.name, "'); pass a directory with ", ds.split_.name, ".jsonl instead"));
-    ds.file_ = options.path;
-  } else {
-    return NotFound(StrCat(options.path, ": no such data set file or directory"));
-  }
-  // JSON array or JSONL: by extension, else by the first non-blank character.
-  const std::string ext = fs::path(ds.file_).extension().string();
-  if (ext == ".json") {
-    ds.json_array_ = true;
-  } else if (ext != ".jsonl") {
-    std::ifstream f(ds.file_);
-    char c = 0;
-    while (f.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+          StrCat(path, ": --dataset-config needs a data set directory or hub id"));
+    if (fs::exists(path, ec)) {
+      paths = {path};
+    } else {
+      // The directory part before the first wildcard is listed; the rest is matched.
+      const size_t wild = path.find_first_of("*?[");
+      const size_t slash = path.rfind('/', wild);
+      const std::string base = slash == std::string::npos ? "." : path.substr(0, slash);
+      const std::string pattern = slash == std::string::npos ? path : path.substr(slash + 1);
+      if (fs::is_directory(base, ec)) {
+        ST_ASSIGN_OR_RETURN(std::vector<std::string> listing, ListRepoFiles(base));
+        for (const std::string& f : listing)
+          if (GlobMatch(pattern, f))
+            paths.push_back(slash == std::string::npos ? f : (fs::path(base) / f).string());
+      }
+      if (paths.empty()) return NotFound(StrCat(path, ": no file matches"));
     }
-    ds.json_array_ = c == '[';
+  } else {
+    return NotFound(StrCat(path, ": no such data set file or directory"));
   }
+  for (const std::string& p : paths) {
+    ST_ASSIGN_OR_RETURN(RowFile f, RowFile::Open(p, options.json_field));
+    ds.files_.push_back(std::move(f));
+  }
+
+  // The layout, from the field names given or the first file's columns (or first record).
   const bool custom = !options.instruction_field.empty() || !options.context_field.empty() ||
                       !options.response_field.empty();
   if (custom) {
@@ -345,44 +268,76 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
         options.instruction_field.empty() ? "instruction" : options.instruction_field;
     ds.f_context_ = options.context_field.empty() ? "context" : options.context_field;
     ds.f_response_ = options.response_field.empty() ? "response" : options.response_field;
+  } else if (!options.messages_field.empty()) {
+    ds.layout_ = DatasetLayout::kConversation;
+    ds.f_messages_ = options.messages_field;
   }
-  // Count records when the split needs it, and detect the layout from the first usable record.
-  const bool need_count = ds.split_.needs_count();
-  int64_t count = 0;
-  auto scan = ds.json_array_ ? ScanJsonArray : ScanJsonl;
+  auto detect = [&](const std::function<bool(const char*)>& has) {
+    if (has("instruction") && has("response"))
+      ds.layout_ = DatasetLayout::kDolly;
+    else if (has("instruction") && has("output"))
+      ds.layout_ = DatasetLayout::kAlpaca;
+    else if (has("messages"))
+      ds.layout_ = DatasetLayout::kConversation, ds.f_messages_ = "messages";
+    else if (has("conversations"))
+      ds.layout_ = DatasetLayout::kConversation, ds.f_messages_ = "conversations";
+  };
+  const RowFile& first = ds.files_.front();
   std::string first_bad;  // why the first unusable record is unusable, for the error below
-  Status s = scan(ds.file_, [&](int64_t, int64_t line, std::string_view text) -> Status {
-    ++count;
-    if (ds.layout_ == DatasetLayout::kDetect) {
-      json rec = json::parse(text, nullptr, false);
-      if (first_bad.empty() && (rec.is_discarded() || !rec.is_object()))
-        first_bad = StrCat("; line ", line, " is ",
-                           rec.is_discarded() ? "not valid JSON" : "not a JSON object",
-                           ValidUtf8(text) ? "" : " (invalid UTF-8)");
-      if (!rec.is_discarded() && rec.is_object()) {
-        if (rec.contains("instruction") && rec.contains("response"))
-          ds.layout_ = DatasetLayout::kDolly;
-        else if (rec.contains("instruction") && rec.contains("output"))
-          ds.layout_ = DatasetLayout::kAlpaca;
+  std::string seen;       // the columns the detection saw
+  if (!first.columns().empty()) {
+    const auto& cols = first.columns();
+    auto has = [&](const char* c) { return std::find(cols.begin(), cols.end(), c) != cols.end(); };
+    if (ds.layout_ == DatasetLayout::kDetect) detect(has);
+    for (const std::string& c : cols) seen += (seen.empty() ? "" : ", ") + c;
+    std::vector<std::string> need;
+    if (ds.layout_ == DatasetLayout::kCustom) need = {ds.f_instruction_, ds.f_response_};
+    if (ds.layout_ == DatasetLayout::kConversation) need = {ds.f_messages_};
+    for (const std::string& n : need)
+      if (!has(n.c_str()))
+        return InvalidArgument(StrCat(first.path(), ": no column '", n, "' (columns: ", seen,
+                                      "); name the fields with --instruction-field, "
+                                      "--context-field, --response-field or --messages-field"));
+  } else if (ds.layout_ == DatasetLayout::kDetect) {
+    Status s = first.ForEach(0, INT64_MAX, {}, [&](const Row& row) -> Status {
+      if (!row.value) {
+        if (first_bad.empty())
+          first_bad = StrCat("; ", first.position_unit(), " ", row.position, " is ", row.error);
+        return Status::Ok();
       }
-    }
-    if (!need_count && ds.layout_ != DatasetLayout::kDetect) return Stop();
-    return Status::Ok();
-  });
-  if (!s.ok() && !IsStop(s)) return s;
+      detect([&](const char* c) { return row.value->contains(c); });
+      return ds.layout_ == DatasetLayout::kDetect ? Status::Ok() : StopScan();
+    });
+    if (!s.ok()) return s;
+  }
   if (ds.layout_ == DatasetLayout::kDetect)
     return InvalidArgument(
-        StrCat(ds.file_,
-               ": no record has Dolly's fields (instruction, response) or Alpaca's "
-               "(instruction, output); name the fields with --instruction-field, "
-               "--context-field, --response-field",
+        StrCat(first.path(),
+               ": no record has Dolly's fields (instruction, response), Alpaca's "
+               "(instruction, output) or a conversation (messages, conversations)",
+               seen.empty() ? "" : " (columns: " + seen + ")",
+               "; name the fields with --instruction-field, --context-field, --response-field "
+               "or --messages-field",
                first_bad));
   if (ds.layout_ == DatasetLayout::kDolly) {
     ds.f_instruction_ = "instruction", ds.f_context_ = "context", ds.f_response_ = "response";
   } else if (ds.layout_ == DatasetLayout::kAlpaca) {
     ds.f_instruction_ = "instruction", ds.f_context_ = "input", ds.f_response_ = "output";
   }
-  if (need_count) {
+  if (ds.layout_ == DatasetLayout::kConversation) {
+    ds.columns_ = {ds.f_messages_};
+  } else {
+    ds.columns_ = {ds.f_instruction_, ds.f_response_};
+    const auto& cols = first.columns();
+    if (cols.empty() || std::find(cols.begin(), cols.end(), ds.f_context_) != cols.end())
+      ds.columns_.push_back(ds.f_context_);
+  }
+  if (ds.split_.needs_count()) {
+    int64_t count = 0;
+    for (const RowFile& f : ds.files_) {
+      ST_ASSIGN_OR_RETURN(int64_t n, f.CountRows());
+      count += n;
+    }
     std::tie(ds.begin_, ds.end_) = ds.split_.Resolve(count);
   } else {
     ds.begin_ = ds.split_.begin.set ? ds.split_.begin.value : 0;
@@ -392,51 +347,100 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
   return ds;
 }
 
+std::vector<std::string> InstructionDataset::files() const {
+  std::vector<std::string> out;
+  for (const RowFile& f : files_) out.push_back(f.path());
+  return out;
+}
+
+bool InstructionDataset::ToRecord(const Row& row, InstructionRecord* r, std::string* why) const {
+  if (!row.value) return *why = std::string(row.error), false;
+  const json& rec = *row.value;
+  r->line = row.position;
+  r->messages.clear();
+  if (layout_ == DatasetLayout::kConversation) {
+    r->instruction.clear(), r->context.clear(), r->response.clear();
+    auto it = rec.find(f_messages_);
+    if (it == rec.end()) return *why = StrCat("no field '", f_messages_, "'"), false;
+    if (!it->is_array())
+      return *why = StrCat("field '", f_messages_, "' is not a list of turns"), false;
+    bool answered = false;
+    for (const json& turn : *it) {
+      if (!turn.is_object())
+        return *why = StrCat("a turn of '", f_messages_, "' is not an object"), false;
+      const json* role = turn.contains("role")   ? &turn["role"]
+                         : turn.contains("from") ? &turn["from"]
+                                                 : nullptr;
+      const json* content = turn.contains("content") ? &turn["content"]
+                            : turn.contains("value") ? &turn["value"]
+                                                     : nullptr;
+      if (!role || !role->is_string() || !content)
+        return *why = StrCat("a turn of '", f_messages_, "' has no role/content (or from/value)"),
+               false;
+      ChatMessage m;
+      m.role = Normalise(role->get<std::string>());
+      if (!ContentText(*content, &m.content))
+        return *why = StrCat("a turn of '", f_messages_, "' has content that is not text"), false;
+      answered |= m.role == "assistant";
+      r->messages.push_back(std::move(m));
+    }
+    if (!answered) return *why = "the conversation has no assistant turn", false;
+    return true;
+  }
+  if (!GetString(rec, f_instruction_, &r->instruction, why) ||
+      !GetString(rec, f_response_, &r->response, why))
+    return false;
+  r->context.clear();
+  if (rec.contains(f_context_) && !GetString(rec, f_context_, &r->context, why)) return false;
+  return true;
+}
+
 Status InstructionDataset::ForEach(const std::function<Status(const InstructionRecord&)>& fn,
                                    DatasetReport* report) const {
   DatasetReport rep;
-  rep.file = file_;
+  rep.file = files_.size() == 1
+                 ? files_[0].path()
+                 : StrCat(files_[0].path(), " and ", files_.size() - 1, " more files");
   rep.layout = layout_;
   rep.begin = begin_;
   int64_t last = begin_;
   InstructionRecord r;
-  auto skip = [&](int64_t line, std::string why) {
-    ++rep.skipped;
-    if (rep.skipped_lines.size() < DatasetReport::kMaxListed)
-      rep.skipped_lines.emplace_back(line, std::move(why));
-  };
-  auto scan = json_array_ ? ScanJsonArray : ScanJsonl;
-  Status s = scan(file_, [&](int64_t index, int64_t line, std::string_view text) -> Status {
-    if (index < begin_) return Status::Ok();
-    if (index >= end_) return Stop();
-    last = index + 1;
-    json rec = json::parse(text, nullptr, false);
-    if (rec.is_discarded()) {
-      skip(line, "not valid JSON");
-      return Status::Ok();
+  int64_t offset = 0;  // rows of the files before this one
+  Status s = Status::Ok();
+  for (size_t fi = 0; fi < files_.size() && offset < end_ && s.ok(); ++fi) {
+    const RowFile& f = files_[fi];
+    int64_t rows_here = -1;
+    s = f.ForEach(std::max<int64_t>(0, begin_ - offset), end_ - offset, columns_,
+                  [&](const Row& row) -> Status {
+                    last = offset + row.index + 1;
+                    rows_here = row.index + 1;
+                    std::string why;
+                    if (!ToRecord(row, &r, &why)) {
+                      ++rep.skipped;
+                      if (rep.skipped_lines.size() < DatasetReport::kMaxListed)
+                        rep.skipped_lines.emplace_back(
+                            row.position,
+                            files_.size() > 1
+                                ? StrCat(fs::path(f.path()).filename().string(), ": ", why)
+                                : why);
+                      return Status::Ok();
+                    }
+                    ++rep.used;
+                    return fn(r);
+                  });
+    if (!s.ok()) break;
+    if (rows_here < 0) {  // no row of this file was in the slice: skip past all of it
+      StatusOr<int64_t> n = f.CountRows();
+      if (!n.ok()) return n.status();
+      rows_here = *n;
     }
-    if (!rec.is_object()) {
-      skip(line, "not a JSON object");
-      return Status::Ok();
-    }
-    std::string why;
-    r.line = line;
-    if (!GetString(rec, f_instruction_, &r.instruction, &why) ||
-        !GetString(rec, f_response_, &r.response, &why)) {
-      skip(line, why);
-      return Status::Ok();
-    }
-    r.context.clear();
-    if (rec.contains(f_context_) && !GetString(rec, f_context_, &r.context, &why)) {
-      skip(line, why);
-      return Status::Ok();
-    }
-    ++rep.used;
-    return fn(r);
-  });
+    // Otherwise the scan either reached the file's end (rows_here is its row count) or the
+    // slice's end (and the loop stops).
+    offset += rows_here;
+  }
   rep.end = std::min(end_, last);
   if (report) *report = rep;
-  if (!s.ok() && !IsStop(s)) return s;
+  if (!s.ok()) return s;
   if (rep.used == 0)
     return InvalidArgument(
         StrCat(rep.Summary(), ": no usable record in split '", split_.ToString(), "'"));
@@ -467,6 +471,25 @@ Status PromptTemplate::Validate() const {
 }
 
 std::string PromptTemplate::Format(const InstructionRecord& r) const {
+  if (!r.messages.empty()) {
+    // One exchange per assistant turn: the user turns before it are the instruction, a system
+    // turn the context.
+    std::string out;
+    InstructionRecord x;
+    for (const ChatMessage& m : r.messages) {
+      if (m.role == "system") {
+        x.context = m.content;
+      } else if (m.role == "assistant") {
+        x.response = m.content;
+        if (!out.empty()) out += "\n";
+        out += Format(x);
+        x = InstructionRecord{};
+      } else {
+        x.instruction += (x.instruction.empty() ? "" : "\n") + m.content;
+      }
+    }
+    return out;
+  }
   const std::string& t = r.context.empty() ? plain : with_context;
   std::string out;
   out.reserve(t.size() + r.instruction.size() + r.context.size() + r.response.size());

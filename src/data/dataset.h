@@ -1,10 +1,15 @@
-// Instruction data sets from local files: JSONL (one record per line) or a JSON array, in Dolly's
-// layout (instruction, context, response) or Alpaca's (instruction, input, output), detected from
-// the fields of the first usable record or named explicitly. Hugging Face split syntax selects the
-// records (`train`, `train[:1024]`, `train[100:200]`, `train[:10%]`, `train[-10%:]`). Files are
-// read streaming (one record in memory at a time). Malformed records are skipped, counted and
-// reported by line number; a split with no usable record is an error. Not a hub client (see
-// io/hub.h).
+// Instruction data sets from local data files or data set repositories: JSON Lines, JSON (an array,
+// or the array under --dataset-field), CSV/TSV and Parquet, one or several files per split. A
+// directory is resolved as the `datasets` library resolves a repository (README `configs:`, else
+// its default split patterns; see data/data_files.h); a single file or a glob is the `train` split.
+// Rows come in Dolly's layout (instruction, context, response), Alpaca's (instruction, input,
+// output), as conversations (a `messages` column of role/content turns, or ShareGPT's
+// `conversations` of from/value turns), or under field names given explicitly; the layout is
+// detected from the columns of the first file. Hugging Face split syntax selects the rows across
+// the concatenated files (`train`, `train[:1024]`, `train[100:200]`, `train[:10%]`,
+// `train[-10%:]`). Files are read streaming (one record, or one Parquet row group, in memory at a
+// time). Malformed records are skipped, counted and reported by line or row; a split with no
+// usable record is an error. The hub download is io/hub.h's.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +20,15 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/formats/json.h"
+#include "data/formats/rows.h"
 
 namespace st {
 
 // `name[begin:end]` with absolute or percent bounds, negative counting from the end (Python
 // slices).
-// The longest record (a JSONL line, or an element of a JSON array) a reader accepts; a longer
-// one is an error rather than an unbounded allocation (a file with no newlines, say).
-constexpr size_t kMaxDatasetRecordBytes = size_t{16} << 20;
+// The longest record a text reader accepts (data/formats/json.h).
+constexpr size_t kMaxDatasetRecordBytes = kMaxRecordBytes;
 
 struct SplitSpec {
   struct Bound {
@@ -42,27 +48,41 @@ struct SplitSpec {
 
 StatusOr<SplitSpec> ParseSplit(std::string_view text);
 
-// One instruction record. `line` is the 1-based line of the file where it starts.
+// One turn of a conversation. Roles are normalised: user (ShareGPT's human), assistant (gpt),
+// system; others are kept as written.
+struct ChatMessage {
+  std::string role, content;
+};
+
+// One instruction record. `line` is the 1-based line (text files) or row (Parquet) of its file.
+// A conversation record has `messages` and empty instruction/context/response.
 struct InstructionRecord {
   int64_t line = 0;
   std::string instruction, context, response;
+  std::vector<ChatMessage> messages;
 };
 
-enum class DatasetLayout { kDetect, kDolly, kAlpaca, kCustom };
+enum class DatasetLayout { kDetect, kDolly, kAlpaca, kCustom, kConversation };
 
 struct DatasetOptions {
-  std::string path;  // a .jsonl / .json file, or a directory with <split>.jsonl or <split>.json
+  // A data file (.jsonl, .json, .csv, .tsv, .parquet), a glob of data files, or a directory
+  // holding a data set repository (a hub snapshot, or files named by split).
+  std::string path;
   std::string split = "train";
   // Field names. Empty = from the layout: Dolly (instruction, context, response) or Alpaca
   // (instruction, input, output), detected from the first usable record. Setting any field name
   // makes the layout custom (the others default to Dolly's names).
   std::string instruction_field, context_field, response_field;
+  std::string config;      // the README config of a directory ("" = its default)
+  std::string json_field;  // the key of the records' array in a top-level JSON object
+  // The conversation column ("" = detected: messages, then conversations).
+  std::string messages_field;
 };
 
 // What reading a split found. Skipped records are listed (up to kMaxListed) with their reasons.
 struct DatasetReport {
   static constexpr int kMaxListed = 20;
-  std::string file;
+  std::string file;  // the file, or "<first> and N more files"
   DatasetLayout layout = DatasetLayout::kDetect;
   int64_t begin = 0, end = 0;  // the resolved slice over record positions
   int64_t used = 0, skipped = 0;
@@ -85,16 +105,21 @@ class InstructionDataset {
   Status ForEach(const std::function<Status(const InstructionRecord&)>& fn,
                  DatasetReport* report) const;
 
-  const std::string& file() const { return file_; }
+  const std::string& file() const { return files_.front().path(); }
+  // The files of the split, in reading order.
+  std::vector<std::string> files() const;
+  const std::string& config() const { return config_; }  // "" for a single file or a glob
   DatasetLayout layout() const { return layout_; }
   std::pair<int64_t, int64_t> range() const { return {begin_, end_}; }
 
  private:
-  std::string file_;
-  bool json_array_ = false;
+  bool ToRecord(const Row& row, InstructionRecord* r, std::string* why) const;
+  std::vector<RowFile> files_;
+  std::string config_;
   SplitSpec split_;
   DatasetLayout layout_ = DatasetLayout::kDetect;
-  std::string f_instruction_, f_context_, f_response_;
+  std::string f_instruction_, f_context_, f_response_, f_messages_;
+  std::vector<std::string> columns_;  // the columns a record needs (Parquet reads only these)
   int64_t begin_ = 0, end_ = INT64_MAX;
 };
 
@@ -108,6 +133,8 @@ struct PromptTemplate {
   std::string with_context = kDefaultWithContext;
 
   Status Validate() const;  // unknown placeholders or unbalanced braces
+  // A conversation becomes one prompt per (user, assistant) exchange, joined by newlines, with a
+  // system turn as the context of the exchange that follows it (chat templates: [packing]).
   std::string Format(const InstructionRecord& r) const;
 };
 
