@@ -15,7 +15,11 @@
 #include <sstream>
 #include <thread>
 
+#include "data/dataset.h"
+#include "data/hub_dataset.h"
 #include "io/hub.h"
+#include "nlohmann/json.hpp"
+#include "test_util.h"
 
 namespace st {
 namespace {
@@ -95,10 +99,46 @@ class FakeHub {
     corrupt.files["model.safetensors"].corrupt = true;
     repos_["acme/corrupt"] = corrupt;
 
+    // Data set repositories: the fixture directories of tests/fixtures/datasets/hub (Parquet
+    // files served as LFS files, the rest as plain git files).
+    const fs::path fixtures = fs::path(ST_FIXTURE_DIR) / "datasets" / "hub";
+    auto from_dir = [&](const std::string& dir, char sha) {
+      Repo r;
+      r.sha = std::string(40, sha);
+      for (const auto& e : fs::recursive_directory_iterator(fixtures / dir))
+        if (e.is_regular_file())
+          r.files[fs::relative(e.path(), fixtures / dir).generic_string()] = {
+              Slurp(e.path()), e.path().extension() == ".parquet"};
+      return r;
+    };
+    datasets_["acme/instruct"] = from_dir("acme--instruct", 'e');
+    datasets_["acme/dolly"] = from_dir("acme--dolly", 'f');
+    datasets_["databricks/databricks-dolly-15k"] = from_dir("acme--dolly", '4');
+    Repo gated_data = from_dir("acme--dolly", '1');
+    gated_data.gated = true;
+    datasets_["acme/gated-data"] = gated_data;
+    // A script data set: no data files of its own, only the hub's Parquet conversion.
+    Repo scripted;
+    scripted.sha = std::string(40, '2');
+    scripted.files["README.md"] = {"# a script data set", false};
+    scripted.files["scripted.py"] = {"import datasets", false};
+    datasets_["acme/scripted"] = scripted;
+    Repo converted;
+    converted.sha = std::string(40, '3');
+    converted.files["default/train/0000.parquet"] = {
+        Slurp(fixtures / "acme--splits" / "data" / "train-00000-of-00001.parquet"), true};
+    converted.files["default/validation/0000.parquet"] = {
+        Slurp(fixtures / "acme--splits" / "data" / "validation-00000-of-00001.parquet"), true};
+    converted_["acme/scripted"] = converted;
+
     srv_.Get(R"(/api/models/([^/]+/[^/]+)/revision/([^/]+))",
              [this](const httplib::Request& q, httplib::Response& r) { Info(q, r); });
     srv_.Get(R"(/([^/]+/[^/]+)/resolve/([^/]+)/(.+))",
              [this](const httplib::Request& q, httplib::Response& r) { Resolve(q, r); });
+    srv_.Get(R"(/api/datasets/([^/]+/[^/]+)/revision/(refs(?:/|%2F)convert(?:/|%2F)parquet|[^/]+))",
+             [this](const httplib::Request& q, httplib::Response& r) { Info(q, r, true); });
+    srv_.Get(R"(/datasets/([^/]+/[^/]+)/resolve/(refs(?:/|%2F)convert(?:/|%2F)parquet|[^/]+)/(.+))",
+             [this](const httplib::Request& q, httplib::Response& r) { Resolve(q, r, true); });
     srv_.Get(R"(/cdn/([0-9a-f]+))",
              [this](const httplib::Request& q, httplib::Response& r) { Cdn(q, r); });
     port_ = srv_.bind_to_any_port("127.0.0.1");
@@ -111,6 +151,7 @@ class FakeHub {
   }
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
   const Repo& repo(const std::string& id) { return repos_.at(id); }
+  const Repo& dataset(const std::string& id) { return datasets_.at(id); }
   void DropFirstCdnGetOf(const std::string& sha256) { drop_.insert(sha256); }
 
   std::mutex mu;
@@ -130,32 +171,44 @@ class FakeHub {
     r.set_content("{\"error\": \"gated\"}", "application/json");
     return false;
   }
-  void Info(const httplib::Request& q, httplib::Response& r) {
-    auto it = repos_.find(q.matches[1]);
-    if (it == repos_.end()) {
+  // The repository a request names: a model, a data set, or a data set's Parquet conversion.
+  const Repo* Find(const httplib::Request& q, bool dataset) {
+    const std::string id = q.matches[1];
+    const std::string rev = q.matches[2];
+    if (dataset && converted_.count(id) &&
+        (rev.rfind("refs", 0) == 0 || rev == converted_.at(id).sha))
+      return &converted_.at(id);  // the branch, or its commit
+    auto& m = dataset ? datasets_ : repos_;
+    auto it = m.find(id);
+    return it == m.end() ? nullptr : &it->second;
+  }
+  void Info(const httplib::Request& q, httplib::Response& r, bool dataset = false) {
+    const Repo* found = Find(q, dataset);
+    if (!found) {
       r.status = 404;
       r.set_header("X-Error-Code", "RepoNotFound");
       return;
     }
-    if (!Allowed(q, it->second, r)) return;
-    std::string s = "{\"sha\": \"" + it->second.sha + "\", \"siblings\": [";
+    if (!Allowed(q, *found, r)) return;
+    std::string s = "{\"sha\": \"" + found->sha + "\", \"siblings\": [";
     bool first = true;
-    for (const auto& [name, f] : it->second.files) {
+    for (const auto& [name, f] : found->files) {
       s += std::string(first ? "" : ", ") + "{\"rfilename\": \"" + name + "\"}";
       first = false;
     }
     r.set_content(s + "]}", "application/json");
   }
-  void Resolve(const httplib::Request& q, httplib::Response& r) {
-    auto it = repos_.find(q.matches[1]);
-    if (it == repos_.end()) {
+  void Resolve(const httplib::Request& q, httplib::Response& r, bool dataset = false) {
+    const Repo* found = Find(q, dataset);
+    if (!found) {
       r.status = 404;
       r.set_header("X-Error-Code", "RepoNotFound");
       return;
     }
-    const Repo& repo = it->second;
+    const Repo& repo = *found;
     if (!Allowed(q, repo, r)) return;
-    if (q.matches[2] != "main" && q.matches[2] != repo.sha) {
+    if (q.matches[2] != "main" && q.matches[2] != repo.sha &&
+        std::string(q.matches[2]).rfind("refs", 0) != 0) {
       r.status = 404;
       r.set_header("X-Error-Code", "RevisionNotFound");
       return;
@@ -215,7 +268,7 @@ class FakeHub {
   httplib::Server srv_;
   std::thread thread_;
   int port_ = 0;
-  std::map<std::string, Repo> repos_;
+  std::map<std::string, Repo> repos_, datasets_, converted_;
   std::map<std::string, std::string> cdn_content_;
   std::set<std::string> drop_;
 };
@@ -406,6 +459,183 @@ TEST_F(HubTest, NotFoundMessages) {
   auto one = client.DownloadFile("acme/tiny", "config.json", hub_.repo("acme/tiny").sha);
   ASSERT_TRUE(one.ok()) << one.status().message();
   EXPECT_FALSE(fs::exists(cache_ / "models--acme--tiny" / "refs" / hub_.repo("acme/tiny").sha));
+}
+
+}  // namespace
+}  // namespace st
+
+namespace st {
+namespace {
+
+// Rows of a data set as InstructionDataset reads them: "instruction|context|response".
+std::vector<std::string> Rows(const DatasetSource& src) {
+  DatasetOptions o;
+  o.path = src.path;
+  o.split = src.split;
+  o.config = src.config;
+  auto ds = InstructionDataset::Open(o);
+  EXPECT_TRUE(ds.ok()) << ds.status().ToString();
+  std::vector<std::string> out;
+  if (!ds.ok()) return out;
+  DatasetReport rep;
+  Status s = ds->ForEach(
+      [&](const InstructionRecord& r) {
+        out.push_back(r.instruction + "|" + r.context + "|" + r.response);
+        return Status::Ok();
+      },
+      &rep);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return out;
+}
+
+std::vector<std::string> Golden(const std::string& file) {
+  std::ifstream f(fs::path(ST_FIXTURE_DIR) / "datasets" / "hub_golden" / file);
+  std::vector<std::string> out;
+  std::string line;
+  auto text = [](const nlohmann::json& v) {
+    return v.is_null() ? std::string() : v.get<std::string>();
+  };
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out.push_back(text(j["instruction"]) + "|" + text(j["context"]) + "|" + text(j["response"]));
+  }
+  return out;
+}
+
+// `--dataset acme/instruct --dataset-split train[100:200]`: README configs resolved from the
+// repository's file list, only that split's shards downloaded (one resumed after a dropped
+// connection), in huggingface_hub's datasets-- cache layout, and the rows datasets.load_dataset
+// gives for the same split.
+TEST_F(HubTest, DataSetSplitAsDatasetsLoadsIt) {
+  const auto& repo = hub_.dataset("acme/instruct");
+  hub_.DropFirstCdnGetOf(Digest(repo.files.at("data/train-00001-of-00002.parquet").content, false));
+  auto src = ResolveDatasetSource("acme/instruct", "", "", "train[100:200]", Options());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const fs::path snap = cache_ / "datasets--acme--instruct" / "snapshots" / repo.sha;
+  EXPECT_EQ(fs::path(src->path), snap);
+  EXPECT_EQ(Slurp(cache_ / "datasets--acme--instruct" / "refs" / "main"), repo.sha);
+  EXPECT_TRUE(fs::exists(snap / "README.md"));
+  EXPECT_TRUE(fs::exists(snap / "data" / "train-00000-of-00002.parquet"));
+  EXPECT_TRUE(fs::exists(snap / "data" / "train-00001-of-00002.parquet"));
+  EXPECT_FALSE(fs::exists(snap / "data" / "test-00000-of-00001.parquet"));  // another split
+  EXPECT_FALSE(fs::exists(snap / "jsonl"));                                 // other configs
+  EXPECT_FALSE(fs::exists(snap / "csv"));
+  {
+    std::lock_guard<std::mutex> l(hub_.mu);
+    ASSERT_EQ(hub_.ranges.size(), 1u);  // the dropped shard resumed
+  }
+  EXPECT_EQ(Rows(*src), Golden("acme--instruct__default__train_from_100_to_200.jsonl"));
+
+  // Another config of the same repository, and the Dolly layout (one JSONL at the root).
+  auto jsonl = ResolveDatasetSource("acme/instruct", "jsonl", "main", "train", Options());
+  ASSERT_TRUE(jsonl.ok()) << jsonl.status().ToString();
+  EXPECT_EQ(Rows(*jsonl), Golden("acme--instruct__jsonl__train.jsonl"));
+  auto dolly = ResolveDatasetSource("acme/dolly", "", "", "train[10:20]", Options());
+  ASSERT_TRUE(dolly.ok()) << dolly.status().ToString();
+  EXPECT_EQ(Rows(*dolly), Golden("acme--dolly__default__train_from_10_to_20.jsonl"));
+
+  // Offline: the cached split is read, a split never downloaded is refused with the reason.
+  HubOptions off = Options();
+  off.offline = true;
+  const int gets = hub_.cdn_gets;
+  auto cached = ResolveDatasetSource("acme/instruct", "", "", "train[:10%]", off);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  EXPECT_EQ(Rows(*cached), Golden("acme--instruct__default__train_from_start_to_10pct.jsonl"));
+  EXPECT_EQ(hub_.cdn_gets, gets);
+  auto missing = ResolveDatasetSource("acme/instruct", "", "", "test", off);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("HF_HUB_OFFLINE=1"), std::string::npos)
+      << missing.status().ToString();
+}
+
+TEST_F(HubTest, DataSetErrors) {
+  auto unknown = ResolveDatasetSource("acme/nope", "", "", "train", Options());
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("check the data set id"), std::string::npos)
+      << unknown.status().ToString();
+  auto config = ResolveDatasetSource("acme/instruct", "xml", "", "train", Options());
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("no config 'xml' (the README defines: default, jsonl, "
+                                           "csv)"),
+            std::string::npos)
+      << config.status().ToString();
+  auto split = ResolveDatasetSource("acme/instruct", "", "", "validation", Options());
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.status().message().find("has no split 'validation' (splits: train, test)"),
+            std::string::npos)
+      << split.status().ToString();
+  auto gated = ResolveDatasetSource("acme/gated-data", "", "", "train", Options());
+  ASSERT_FALSE(gated.ok());
+  EXPECT_NE(gated.status().message().find("data set is gated"), std::string::npos)
+      << gated.status().ToString();
+  EXPECT_NE(gated.status().message().find("HF_TOKEN is not set"), std::string::npos);
+  auto token = ResolveDatasetSource("acme/gated-data", "", "", "train", Options(kGoodToken));
+  ASSERT_TRUE(token.ok()) << token.status().ToString();
+  EXPECT_EQ(Rows(*token).size(), 60u);
+  EXPECT_EQ(AllLogs().find(kGoodToken), std::string::npos);
+  // A local path is not a hub id, even when it does not exist.
+  auto local = ResolveDatasetSource("data/missing.jsonl", "", "", "train", Options());
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local->path, "data/missing.jsonl");
+}
+
+// A data set without data files of its own is read from the hub's Parquet conversion.
+TEST_F(HubTest, ScriptDataSetReadsTheParquetConversion) {
+  auto src = ResolveDatasetSource("acme/scripted", "", "", "validation[:5]", Options());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  EXPECT_EQ(src->split, "train[:5]");
+  EXPECT_NE(src->path.find("datasets--acme--scripted/snapshots/" + std::string(40, '3') +
+                           "/default/validation"),
+            std::string::npos)
+      << src->path;
+  std::vector<std::string> want = Golden("acme--splits__default__validation.jsonl");
+  want.resize(5);
+  EXPECT_EQ(Rows(*src), want);
+  EXPECT_NE(AllLogs().find("Parquet conversion"), std::string::npos) << AllLogs();
+}
+
+// The seed's job: `slicetrain finetune --dataset databricks/databricks-dolly-15k` against the
+// imitation hub (HF_ENDPOINT), two local workers reading the snapshot the launcher downloaded.
+TEST_F(HubTest, FinetuneWithTheSeedsHubDataSet) {
+  const std::string dir = test::TempDir("hubfinetune");
+  ASSERT_FALSE(dir.empty());
+  const test::Ran r = test::RunCommand(
+      "HF_ENDPOINT=" + hub_.endpoint() + " HF_HUB_CACHE=" + cache_.string() +
+      " HF_TOKEN= " ST_BINARY
+      " finetune --dataset databricks/databricks-dolly-15k"
+      " --dataset-split 'train[:24]' --num-epochs 1 --batch-size-per-device 4 --max-seq-len 32"
+      " --topology 2 --no-dashboard --storage-path " +
+      dir + " --run-name hub 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("databricks/databricks-dolly-15k@main: config default, split train: 1 file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Epoch 1/1 | loss="), std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("datasets--databricks--databricks-dolly-15k/snapshots/" + std::string(40, '4') +
+                 "/databricks-dolly-15k.jsonl records [0, 24): 24 used"),
+      std::string::npos)
+      << r.out;
+  fs::remove_all(dir);
+  // Offline, the same command reads the cache.
+  const test::Ran off = test::RunCommand(
+      "HF_HUB_OFFLINE=1 HF_ENDPOINT=http://127.0.0.1:9 HF_HUB_CACHE=" + cache_.string() +
+      " " ST_BINARY
+      " finetune --dataset databricks/databricks-dolly-15k --dataset-split "
+      "'train[:8]' --num-epochs 1 --max-seq-len 32 --topology 1 --no-dashboard --storage-path " +
+      dir + " --run-name off 2>&1");
+  EXPECT_EQ(off.code, 0) << off.out;
+  fs::remove_all(dir);
+  // An unknown data set: one line, exit code 1, no worker started.
+  const test::Ran bad = test::RunCommand(
+      "HF_ENDPOINT=" + hub_.endpoint() + " HF_HUB_CACHE=" + cache_.string() +
+      " " ST_BINARY " finetune --dataset acme/none --topology 1 --no-dashboard --storage-path " +
+      dir + " 2>&1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("slicetrain finetune: error: --dataset acme/none"), std::string::npos)
+      << bad.out;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ HubOptions HubFromEnvironment();
 // --instruction-field, --context-field, --response-field: the data set's field names (finetune
 // and evaluate).
 void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string* context,
-                            std::string* response);
+                            std::string* response, std::string* messages, std::string* json_field,
+                            std::string* config, std::string* revision);
 
 // Prints a failed Status as the one-line error of `command` and returns the exit code to use.
 int ReportError(const std::string& command, const Status& status);

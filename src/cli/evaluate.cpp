@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "data/hub_dataset.h"
 #include "io/files.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
@@ -27,7 +28,7 @@ DatasetOptions WithSplit(const std::string& split) {
 }
 
 struct EvaluateArgs {
-  std::string model_id, adapter, tokenizer, data_dir;
+  std::string model_id, adapter, tokenizer, data_dir, dataset_revision;
   DatasetOptions dataset = WithSplit("train[:1024]");
   int64_t max_seq_len = 64, batch_size = 8;
   bool json = false;
@@ -38,6 +39,11 @@ Status Run(const EvaluateArgs& a) {
   if (a.max_seq_len < 2 || a.batch_size < 1)
     return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
+  ST_ASSIGN_OR_RETURN(DatasetSource src,
+                      ResolveDatasetSource(a.dataset.path, a.dataset.config, a.dataset_revision,
+                                           a.dataset.split, HubFromEnvironment()));
+  DatasetOptions dataset = a.dataset;
+  dataset.path = src.path, dataset.split = src.split, dataset.config = src.config;
   ST_RETURN_IF_ERROR(SetProcessThreads(a.threads));
   std::error_code ec;
   ST_ASSIGN_OR_RETURN(
@@ -56,9 +62,8 @@ Status Run(const EvaluateArgs& a) {
   forward_only.training = false;
   forward_only.lora = m.lora;
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len, forward_only));
-  ST_ASSIGN_OR_RETURN(
-      InstructionData data,
-      LoadInstructionData(m.config, model_id, a.tokenizer, a.dataset, a.max_seq_len, data_dir));
+  ST_ASSIGN_OR_RETURN(InstructionData data, LoadInstructionData(m.config, model_id, a.tokenizer,
+                                                                dataset, a.max_seq_len, data_dir));
   const TokenizedSet& set = data.examples;
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len, forward_only);
   // Nothing is trained: every tensor is served as FrozenWeights serves frozen ones (the lookup
@@ -121,10 +126,12 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
                   "PEFT LoRA adapter directory (a --lora-rank checkpoint, or one PEFT saved) "
                   "applied to --model-id");
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json / directory (default: the model's)");
-  cmd->add_option("--dataset", a->dataset.path, "Instruction data set (default: bundled)");
+  cmd->add_option("--dataset", a->dataset.path,
+                  "Instruction data set: hub id, data file, glob or directory (default: bundled)");
   cmd->add_option("--dataset-split", a->dataset.split, "HF split syntax")->capture_default_str();
   AddDatasetFieldOptions(cmd, &a->dataset.instruction_field, &a->dataset.context_field,
-                         &a->dataset.response_field);
+                         &a->dataset.response_field, &a->dataset.messages_field,
+                         &a->dataset.json_field, &a->dataset.config, &a->dataset_revision);
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Sequences per forward pass")
       ->capture_default_str();

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "data/hub_dataset.h"
 #include "io/files.h"
 #include "io/model_loader.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -71,6 +72,12 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.context_field,
                                   "--response-field",
                                   o.response_field,
+                                  "--dataset-config",
+                                  o.dataset_config,
+                                  "--dataset-field",
+                                  o.dataset_field,
+                                  "--messages-field",
+                                  o.messages_field,
                                   "--num-epochs",
                                   s(o.num_epochs),
                                   "--batch-size-per-device",
@@ -227,6 +234,14 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
   ST_ASSIGN_OR_RETURN(a.o.model_id, ResolveModelSource(a.o.model_id, HubFromEnvironment()));
   {
+    // A hub data set id becomes its local snapshot here, before any worker starts: the launcher
+    // downloads once and the workers read the cache.
+    ST_ASSIGN_OR_RETURN(DatasetSource src,
+                        ResolveDatasetSource(a.o.dataset, a.o.dataset_config, a.o.dataset_revision,
+                                             a.o.dataset_split, HubFromEnvironment()));
+    a.o.dataset = src.path, a.o.dataset_split = src.split, a.o.dataset_config = src.config;
+  }
+  {
     // The bundled data is needed for the default data set, and for the tokenizer of a preset.
     std::error_code ec;
     const bool needed = a.o.dataset.empty() ||
@@ -340,11 +355,14 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json / directory (default: the model's, else the bundled one)");
   cmd->add_option("--dataset", o.dataset,
-                  "Instruction data set: .jsonl/.json file or directory (default: bundled)");
+                  "Instruction data set: a hub data set id (org/name), a .jsonl/.json/.csv/"
+                  ".tsv/.parquet file or glob, or a data set directory (default: bundled)");
   cmd->add_option("--dataset-split", o.dataset_split,
                   "HF split syntax: train, train[:1024], train[:10%]...")
       ->capture_default_str();
-  AddDatasetFieldOptions(cmd, &o.instruction_field, &o.context_field, &o.response_field);
+  AddDatasetFieldOptions(cmd, &o.instruction_field, &o.context_field, &o.response_field,
+                         &o.messages_field, &o.dataset_field, &o.dataset_config,
+                         &o.dataset_revision);
   cmd->add_option("--num-epochs", o.num_epochs, "Epochs")->capture_default_str();
   cmd->add_option("--batch-size-per-device", o.batch_size_per_device,
                   "Sequences per worker per step")

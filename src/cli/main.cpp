@@ -1,6 +1,8 @@
 // slicetrain: distributed fine-tuning of Gemma 4 models on multi-host slices, in C++.
 #include <malloc.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -82,11 +84,43 @@ Status SetProcessThreads(int flag) {
 HubOptions HubFromEnvironment() {
   HubOptions o = HubOptions::FromEnvironment();
   o.log = [](const std::string& line) { std::fprintf(stderr, "slicetrain: %s\n", line.c_str()); };
+  // A progress bar on a terminal; in a log (not a terminal), a line every 15 s and at the end.
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  o.progress = [tty, last = std::chrono::steady_clock::time_point{}](
+                   const std::string& file, int64_t done, int64_t total) mutable {
+    const bool end = total >= 0 && done >= total;
+    const auto now = std::chrono::steady_clock::now();
+    if (!tty && !end && now - last < std::chrono::seconds(15)) return;
+    last = now;
+    const double mb = static_cast<double>(done) / 1e6, tmb = static_cast<double>(total) / 1e6;
+    if (total > 0) {
+      const int pct =
+          static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total));
+      const int filled = pct / 4;
+      std::fprintf(stderr, "%sslicetrain: %s [%s%s] %3d%% %.1f/%.1f MB%s", tty ? "\r" : "",
+                   file.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                   std::string(static_cast<size_t>(25 - std::min(filled, 25)), ' ').c_str(), pct,
+                   mb, tmb, tty && !end ? "" : "\n");
+    } else {
+      std::fprintf(stderr, "%sslicetrain: %s %.1f MB%s", tty ? "\r" : "", file.c_str(), mb,
+                   tty && !end ? "" : "\n");
+    }
+    std::fflush(stderr);
+  };
   return o;
 }
 
 void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string* context,
-                            std::string* response) {
+                            std::string* response, std::string* messages, std::string* json_field,
+                            std::string* config, std::string* revision) {
+  cmd->add_option("--dataset-config", *config,
+                  "Config of a data set repository (its README `configs:`; default: its default)");
+  cmd->add_option("--dataset-revision", *revision,
+                  "Branch, tag or commit of a hub data set (default: main)");
+  cmd->add_option("--dataset-field", *json_field,
+                  "Key of the records' list in a top-level JSON object (datasets' field=)");
+  cmd->add_option("--messages-field", *messages,
+                  "Column of conversation turns (default: detected, messages or conversations)");
   cmd->add_option("--instruction-field", *instruction,
                   "Field of the instruction (default: detected, Dolly's or Alpaca's layout)");
   cmd->add_option("--context-field", *context,

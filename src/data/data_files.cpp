@@ -335,7 +335,7 @@ StatusOr<std::vector<std::string>> ListRepoFiles(const std::string& dir) {
       if (it->is_directory(ec)) it.disable_recursion_pending();
       continue;
     }
-    if (it->is_regular_file(ec)) out.push_back(fs::relative(it->path(), dir, ec).generic_string());
+    if (it->is_regular_file(ec)) out.push_back(it->path().lexically_relative(dir).generic_string());
   }
   std::sort(out.begin(), out.end());
   return out;

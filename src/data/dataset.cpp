@@ -135,7 +135,7 @@ std::string DatasetReport::Summary() const {
   if (skipped > 0) {
     s += " (";
     for (size_t i = 0; i < skipped_lines.size(); ++i)
-      s += StrCat(i ? "; " : "", "line ", skipped_lines[i].first, ": ", skipped_lines[i].second);
+      s += StrCat(i ? "; " : "", unit, " ", skipped_lines[i].first, ": ", skipped_lines[i].second);
     if (skipped > static_cast<int64_t>(skipped_lines.size())) s += "; ...";
     s += ")";
   }
@@ -402,6 +402,7 @@ Status InstructionDataset::ForEach(const std::function<Status(const InstructionR
                  ? files_[0].path()
                  : StrCat(files_[0].path(), " and ", files_.size() - 1, " more files");
   rep.layout = layout_;
+  rep.unit = files_[0].position_unit();
   rep.begin = begin_;
   int64_t last = begin_;
   InstructionRecord r;

@@ -86,7 +86,8 @@ struct DatasetReport {
   DatasetLayout layout = DatasetLayout::kDetect;
   int64_t begin = 0, end = 0;  // the resolved slice over record positions
   int64_t used = 0, skipped = 0;
-  std::vector<std::pair<int64_t, std::string>> skipped_lines;  // (line, reason)
+  std::vector<std::pair<int64_t, std::string>> skipped_lines;  // (line or row, reason)
+  std::string unit = "line";                                   // "row" for Parquet files
   // "dataset data/x.jsonl split train[:10]: 10 records used, 1 skipped (line 7: no field
   // 'response')"
   std::string Summary() const;

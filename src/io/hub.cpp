@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -94,6 +95,11 @@ struct Transfer {
   int64_t offset = 0;  // bytes already in the sink when resuming
   bool restarted = false;
   CURL* curl = nullptr;
+  // Progress of a download: bytes in the sink, reported at most twice a second and at the end.
+  const HubOptions* options = nullptr;
+  const std::string* label = nullptr;
+  int64_t total = -1, done = 0;
+  std::chrono::steady_clock::time_point last_report{};
 };
 
 size_t OnHeader(char* data, size_t size, size_t n, void* user) {
@@ -128,11 +134,21 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
         std::fseek(t->sink, 0, SEEK_SET) != 0)
       return 0;
   }
-  return std::fwrite(data, 1, size * n, t->sink) == size * n ? size * n : 0;
+  if (std::fwrite(data, 1, size * n, t->sink) != size * n) return 0;
+  t->done = static_cast<int64_t>(std::ftell(t->sink));  // the whole file so far (append mode)
+  if (t->options && t->options->progress && t->label) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - t->last_report > std::chrono::milliseconds(500)) {
+      t->last_report = now;
+      t->options->progress(*t->label, t->done, t->total);
+    }
+  }
+  return size * n;
 }
 
 HttpResult HttpOnce(const std::string& method, const std::string& url, const HubOptions& o,
-                    bool send_token, std::FILE* sink, int64_t range_from) {
+                    bool send_token, std::FILE* sink, int64_t range_from, const std::string* label,
+                    int64_t total) {
   static CurlGlobal global;
   HttpResult r;
   CURL* c = curl_easy_init();
@@ -141,7 +157,7 @@ HttpResult HttpOnce(const std::string& method, const std::string& url, const Hub
     r.curl_error = "curl_easy_init failed";
     return r;
   }
-  Transfer t{&r, sink, range_from, false, c};
+  Transfer t{&r, sink, range_from, false, c, &o, label, total, range_from, {}};
   char err[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
@@ -169,6 +185,7 @@ HttpResult HttpOnce(const std::string& method, const std::string& url, const Hub
   if (r.curl != CURLE_OK) r.curl_error = err[0] ? err : curl_easy_strerror(r.curl);
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
   curl_easy_cleanup(c);
+  if (sink && label && o.progress && r.curl == CURLE_OK) o.progress(*label, t.done, total);
   return r;
 }
 
@@ -183,11 +200,13 @@ std::string Origin(const std::string& url) {
 // One request; with `follow`, redirects are followed here (not by libcurl) so that the token is
 // sent only to the hub's own origin, never to the storage host an LFS download is redirected to.
 HttpResult Http(const std::string& method, const std::string& url, const HubOptions& o, bool follow,
-                std::FILE* sink = nullptr, int64_t range_from = 0) {
+                std::FILE* sink = nullptr, int64_t range_from = 0,
+                const std::string* label = nullptr, int64_t total = -1) {
   const std::string hub_origin = Origin(o.endpoint);
   std::string current = url;
   for (int hop = 0;; ++hop) {
-    HttpResult r = HttpOnce(method, current, o, Origin(current) == hub_origin, sink, range_from);
+    HttpResult r =
+        HttpOnce(method, current, o, Origin(current) == hub_origin, sink, range_from, label, total);
     auto loc = r.headers.find("location");
     if (!follow || !r.transport_ok() || r.status < 300 || r.status >= 400 ||
         loc == r.headers.end() || hop >= 10)
@@ -198,7 +217,10 @@ HttpResult Http(const std::string& method, const std::string& url, const HubOpti
 
 // One line for an HTTP failure, with what to do. Never includes the token.
 Status HttpError(const HttpResult& r, const std::string& repo_id, const std::string& what,
-                 const HubOptions& o) {
+                 const HubOptions& o, RepoType type = RepoType::kModel) {
+  const char* kind = type == RepoType::kDataset ? "data set" : "model";
+  const std::string page =
+      StrCat(o.endpoint, type == RepoType::kDataset ? "/datasets/" : "/", repo_id);
   if (!r.transport_ok())
     return IoError(StrCat(what, ": cannot reach ", o.endpoint, ": ", r.curl_error,
                           " (set HF_HUB_OFFLINE=1 to use only the local cache)"));
@@ -206,16 +228,15 @@ Status HttpError(const HttpResult& r, const std::string& repo_id, const std::str
   const std::string ecode = code_it == r.headers.end() ? "" : code_it->second;
   if (r.status == 401 || r.status == 403 || ecode == "GatedRepo") {
     return InvalidArgument(StrCat(
-        repo_id, ": access denied (HTTP ", r.status,
-        "). If the model is gated, accept its licence at ", o.endpoint, "/", repo_id,
-        " and set HF_TOKEN to a token with read access",
+        repo_id, ": access denied (HTTP ", r.status, "). If the ", kind,
+        " is gated, accept its licence at ", page, " and set HF_TOKEN to a token with read access",
         o.token.empty() ? " (HF_TOKEN is not set)" : " (the hub refused the token in HF_TOKEN)"));
   }
   if (r.status == 404) {
     if (ecode == "RevisionNotFound") return NotFound(StrCat(what, ": revision not found"));
     if (ecode == "EntryNotFound") return NotFound(StrCat(what, ": no such file in the repository"));
     return NotFound(
-        StrCat(what, ": not found on ", o.endpoint, " (check the model id and revision)"));
+        StrCat(what, ": not found on ", o.endpoint, " (check the ", kind, " id and revision)"));
   }
   return IoError(StrCat(what, ": HTTP ", r.status, " from ", o.endpoint));
 }
@@ -328,8 +349,8 @@ Status ValidateRepoId(const std::string& repo_id) {
   return Status::Ok();
 }
 
-std::string RepoCacheFolder(const std::string& repo_id) {
-  std::string s = "models--" + repo_id;
+std::string RepoCacheFolder(const std::string& repo_id, RepoType type) {
+  std::string s = (type == RepoType::kDataset ? "datasets--" : "models--") + repo_id;
   for (size_t p = s.find('/'); p != std::string::npos; p = s.find('/', p)) s.replace(p, 1, "--");
   return s;
 }
@@ -340,20 +361,21 @@ void HubClient::Log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
-StatusOr<RepoInfo> HubClient::GetRepoInfo(const std::string& repo_id,
-                                          const std::string& revision) const {
+StatusOr<RepoInfo> HubClient::GetRepoInfo(const std::string& repo_id, const std::string& revision,
+                                          RepoType type) const {
   ST_RETURN_IF_ERROR(ValidateRepoId(repo_id));
   if (options_.offline)
     return Unimplemented(StrCat(repo_id, ": HF_HUB_OFFLINE is set; the hub cannot be asked"));
   const std::string url =
-      StrCat(options_.endpoint, "/api/models/", repo_id, "/revision/", UrlEncode(revision, false));
+      StrCat(options_.endpoint, type == RepoType::kDataset ? "/api/datasets/" : "/api/models/",
+             repo_id, "/revision/", UrlEncode(revision, false));
   HttpResult r;
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
     r = Http("GET", url, options_, /*follow=*/true);
     if (!Retryable(r) || !r.transport_ok()) break;
   }
   if (!r.transport_ok() || r.status != 200)
-    return HttpError(r, repo_id, StrCat(repo_id, "@", revision), options_);
+    return HttpError(r, repo_id, StrCat(repo_id, "@", revision), options_, type);
   nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("sha") || !j["sha"].is_string())
     return DataLoss(StrCat(repo_id, ": the hub's answer has no commit sha"));
@@ -366,8 +388,8 @@ StatusOr<RepoInfo> HubClient::GetRepoInfo(const std::string& repo_id,
 }
 
 StatusOr<std::string> HubClient::CachedSnapshot(const std::string& repo_id,
-                                                const std::string& revision) const {
-  const fs::path repo = fs::path(options_.cache_dir) / RepoCacheFolder(repo_id);
+                                                const std::string& revision, RepoType type) const {
+  const fs::path repo = fs::path(options_.cache_dir) / RepoCacheFolder(repo_id, type);
   std::string commit = revision;
   if (!IsHex(revision, 40)) {
     std::ifstream f(repo / "refs" / revision);
@@ -382,8 +404,8 @@ StatusOr<std::string> HubClient::CachedSnapshot(const std::string& repo_id,
 }
 
 StatusOr<std::string> HubClient::CachedFile(const std::string& repo_id, const std::string& filename,
-                                            const std::string& revision) const {
-  ST_ASSIGN_OR_RETURN(std::string snap, CachedSnapshot(repo_id, revision));
+                                            const std::string& revision, RepoType type) const {
+  ST_ASSIGN_OR_RETURN(std::string snap, CachedSnapshot(repo_id, revision, type));
   const fs::path p = fs::path(snap) / filename;
   std::error_code ec;
   if (!fs::exists(p, ec))  // follows the symlink: a dangling link is not a cached file
@@ -394,29 +416,31 @@ StatusOr<std::string> HubClient::CachedFile(const std::string& repo_id, const st
 
 StatusOr<std::string> HubClient::DownloadFile(const std::string& repo_id,
                                               const std::string& filename,
-                                              const std::string& revision) const {
+                                              const std::string& revision, RepoType type) const {
   ST_RETURN_IF_ERROR(ValidateRepoId(repo_id));
   if (options_.offline) {
-    auto cached = CachedFile(repo_id, filename, revision);
+    auto cached = CachedFile(repo_id, filename, revision, type);
     if (!cached.ok())
       return NotFound(StrCat(cached.status().message(),
                              "; HF_HUB_OFFLINE=1 forbids downloading it (unset it, or download it "
                              "on a machine with network access into the same cache)"));
     return cached;
   }
-  return DownloadFileAt(repo_id, filename, revision, "");
+  return DownloadFileAt(repo_id, filename, revision, "", type);
 }
 
 StatusOr<std::string> HubClient::DownloadFileAt(const std::string& repo_id,
                                                 const std::string& filename,
                                                 const std::string& revision,
-                                                const std::string& commit_hint) const {
+                                                const std::string& commit_hint,
+                                                RepoType type) const {
   const std::string what = StrCat(repo_id, "@", revision, ": ", filename);
   if (filename.empty() || filename.front() == '/' || filename.find("..") != std::string::npos)
     return InvalidArgument(StrCat(what, ": bad file name"));
   const std::string ref = commit_hint.empty() ? revision : commit_hint;
-  std::string url = StrCat(options_.endpoint, "/", repo_id, "/resolve/", UrlEncode(ref, false), "/",
-                           UrlEncode(filename, true));
+  std::string url =
+      StrCat(options_.endpoint, type == RepoType::kDataset ? "/datasets/" : "/", repo_id,
+             "/resolve/", UrlEncode(ref, false), "/", UrlEncode(filename, true));
   // Metadata (redirects not followed: the LFS headers are on the hub's own answer).
   HttpResult head;
   for (int hop = 0, attempt = 0; attempt < options_.max_attempts; ++attempt) {
@@ -431,14 +455,14 @@ StatusOr<std::string> HubClient::DownloadFileAt(const std::string& repo_id,
   }
   if (!head.transport_ok()) {
     // The hub cannot be reached: a cached copy is as good as huggingface_hub would use.
-    auto cached = CachedFile(repo_id, filename, revision);
+    auto cached = CachedFile(repo_id, filename, revision, type);
     if (cached.ok()) {
       Log(StrCat(what, ": hub unreachable (", head.curl_error, "), using the cached copy"));
       return cached;
     }
-    return HttpError(head, repo_id, what, options_);
+    return HttpError(head, repo_id, what, options_, type);
   }
-  if (head.status >= 400) return HttpError(head, repo_id, what, options_);
+  if (head.status >= 400) return HttpError(head, repo_id, what, options_, type);
   std::string etag = StripEtag(Header(head, "x-linked-etag"));
   if (etag.empty()) etag = StripEtag(Header(head, "etag"));
   const std::string commit = Header(head, "x-repo-commit");
@@ -456,7 +480,7 @@ StatusOr<std::string> HubClient::DownloadFileAt(const std::string& repo_id,
           ? Header(head, "location")
           : url;
 
-  const fs::path repo_dir = fs::path(options_.cache_dir) / RepoCacheFolder(repo_id);
+  const fs::path repo_dir = fs::path(options_.cache_dir) / RepoCacheFolder(repo_id, type);
   const fs::path blob = repo_dir / "blobs" / etag;
   const fs::path snap_file = repo_dir / "snapshots" / commit / filename;
   std::error_code ec;
@@ -468,7 +492,7 @@ StatusOr<std::string> HubClient::DownloadFileAt(const std::string& repo_id,
   if (!fs::exists(blob, ec)) {
     // Locks live outside the repository folder, as huggingface_hub keeps them (.locks/<repo>/).
     const fs::path lock_path =
-        fs::path(options_.cache_dir) / ".locks" / RepoCacheFolder(repo_id) / (etag + ".lock");
+        fs::path(options_.cache_dir) / ".locks" / RepoCacheFolder(repo_id, type) / (etag + ".lock");
     fs::create_directories(lock_path.parent_path(), ec);
     ST_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path));
     fs::path part = blob;
@@ -485,13 +509,13 @@ StatusOr<std::string> HubClient::DownloadFileAt(const std::string& repo_id,
                 : StrCat("downloading ", what, size >= 0 ? " (" + HumanBytes(size) + ")" : ""));
         std::FILE* f = std::fopen(part.c_str(), "ab");
         if (!f) return IoError(StrCat(part.string(), ": ", std::strerror(errno)));
-        HttpResult r = Http("GET", location, options_, /*follow=*/true, f, from);
+        HttpResult r = Http("GET", location, options_, /*follow=*/true, f, from, &filename, size);
         const bool write_ok = std::fclose(f) == 0;
         if (!write_ok) return IoError(StrCat(part.string(), ": write failed"));
         if (r.transport_ok() && r.status == 416 && size >= 0 && from == size) {
           // Already complete.
         } else if (!r.transport_ok() || (r.status != 200 && r.status != 206)) {
-          last = HttpError(r, repo_id, what, options_);
+          last = HttpError(r, repo_id, what, options_, type);
           if (r.transport_ok() && !Retryable(r)) return last;
           Log(StrCat(what, ": attempt ", attempt + 1, " failed (", last.message(), "), retrying"));
           continue;

@@ -79,6 +79,9 @@ DatasetOptions DatasetOf(const FinetuneOptions& o) {
   d.instruction_field = o.instruction_field;
   d.context_field = o.context_field;
   d.response_field = o.response_field;
+  d.config = o.dataset_config;
+  d.json_field = o.dataset_field;
+  d.messages_field = o.messages_field;
   return d;
 }
 

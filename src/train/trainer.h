@@ -35,6 +35,9 @@ struct FinetuneOptions {
   std::string dataset_split = "train[:1024]";
   // The data set's field names ("" = detected: Dolly's or Alpaca's; see DatasetOptions).
   std::string instruction_field, context_field, response_field;
+  // A data set repository's config and revision, a JSON file's records key, the conversation
+  // column (see DatasetOptions; hub ids are resolved to a local snapshot before the run).
+  std::string dataset_config, dataset_revision, dataset_field, messages_field;
   int64_t num_epochs = 3;
   int64_t batch_size_per_device = 4;
   int64_t max_seq_len = 64;
