@@ -100,6 +100,25 @@ put("fuzz_dataset", "mixed_bad_lines.jsonl",
     b'{"instruction": 3, "response": "b"}\n{"instruction": "\\u00e9\\"}", "context": null, '
     b'"response": "x"}\n')
 put("fuzz_dataset", "split_text.jsonl", b"\x10train[10%:-2]")
+# Control byte kinds (fuzz_dataset.cpp): 0x41 CSV, 0x60 TSV, 0x21 JSON with --dataset-field data,
+# 0x20 JSON Lines conversations.
+put("fuzz_dataset", "dolly.csv",
+    b"\x41instruction,context,response\r\n\"a, \"\"b\"\"\",,\"multi\nline\"\r\nq,NA,r\r\n")
+put("fuzz_dataset", "dolly.tsv", b"\x60instruction\tresponse\nq\ta\n\"x\ty\"\tz\n")
+put("fuzz_dataset", "field.json",
+    b"\x21" + json.dumps({"version": 1, "data": alpaca + [{"instruction": "q", "response": "r"}]}).encode())
+put("fuzz_dataset", "messages.jsonl", b"\x20" + "\n".join(json.dumps(m) for m in [
+    {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                  {"role": "assistant", "content": [{"type": "text", "text": "a"}]}]},
+    {"messages": [{"from": "human", "value": "u"}, {"from": "gpt", "value": None}]},
+    {"messages": []}]).encode())
+
+# ---- parquet: the pyarrow-written fixtures (tools/make_dataset_fixtures.py) ----
+import glob
+import shutil
+for f in sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "datasets", "parquet", "*.parquet"))):
+    os.makedirs(os.path.join(OUT, "fuzz_parquet"), exist_ok=True)
+    shutil.copy(f, os.path.join(OUT, "fuzz_parquet", os.path.basename(f)))
 
 # ---- tokenizer: tokenizer.json NUL text NUL tokenizer_config.json ----
 def small_tokenizer(src, keep_tokens):

@@ -10,7 +10,8 @@ SECONDS_PER_TARGET="${1:-20}"
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(fuzz_safetensors fuzz_model_dir fuzz_dataset fuzz_tokenizer fuzz_config fuzz_store_protocol)
+  TARGETS=(fuzz_safetensors fuzz_model_dir fuzz_dataset fuzz_parquet fuzz_tokenizer fuzz_config
+           fuzz_store_protocol)
 fi
 
 CC=clang CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja >/dev/null
@@ -20,6 +21,7 @@ max_len() {
   case "$1" in
     fuzz_tokenizer) echo 65536 ;;  # seeds are small tokenizer.json files of ~20 KB
     fuzz_config) echo 8192 ;;
+    fuzz_parquet) echo 32768 ;;  # seeds are pyarrow-written files of 1-16 KB
     *) echo 4096 ;;
   esac
 }

@@ -554,6 +554,8 @@ ParquetFile& ParquetFile::operator=(ParquetFile&& o) noexcept {
     row_group_rows_ = std::move(o.row_group_rows_);
     columns_ = std::move(o.columns_);
     meta_ = std::move(o.meta_);
+    chunk_ = std::move(o.chunk_);
+    page_ = std::move(o.page_);
   }
   return *this;
 }
@@ -760,7 +762,8 @@ Status ParquetFile::ReadRowGroup(int rg, const std::vector<std::string>& columns
                                g.columns[l].num_values, " values for ", nrows, " rows"));
   rows->assign(static_cast<size_t>(nrows), json());  // nulls; a row becomes an object when set
 
-  std::vector<uint8_t> chunk, page;
+  std::vector<uint8_t>& chunk = chunk_;
+  std::vector<uint8_t>& page = page_;
   for (int t : tops) {
     for (int l = m.top_first[t]; l < m.top_first[t] + m.top_leaves[t]; ++l) {
       const Node& leaf = m.nodes[m.leaves[l]];

@@ -42,7 +42,8 @@ class ParquetFile {
   const std::vector<std::string>& columns() const { return columns_; }
 
   // Decodes row group rg into rows (JSON objects with the requested top-level columns; empty =
-  // all). Unknown column names are an InvalidArgument.
+  // all). Unknown column names are an InvalidArgument. Not thread-safe (the page buffers are
+  // kept from one call to the next).
   Status ReadRowGroup(int rg, const std::vector<std::string>& columns,
                       std::vector<nlohmann::json>* rows) const;
 
@@ -56,6 +57,7 @@ class ParquetFile {
   std::vector<int64_t> row_group_rows_;
   std::vector<std::string> columns_;
   std::unique_ptr<Meta> meta_;
+  mutable std::vector<uint8_t> chunk_, page_;  // scratch, reused across row groups
 };
 
 // Decompresses a Parquet page (codec numbers as in the format: 0 none, 1 Snappy, 2 Gzip,

@@ -28,10 +28,11 @@ bool IsDataFileName(std::string_view name);
 
 // One row as a reader hands it over. `value` is null for a record that could not be parsed, and
 // `error` says why. `position` is the 1-based line (text formats) or row (Parquet) for messages.
+// The value is the reader's scratch: a callback may move out of it.
 struct Row {
   int64_t index = 0;  // 0-based within the file
   int64_t position = 0;
-  const nlohmann::json* value = nullptr;
+  nlohmann::json* value = nullptr;
   std::string_view error;
 };
 using RowFn = std::function<Status(const Row&)>;
