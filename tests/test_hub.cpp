@@ -627,6 +627,17 @@ TEST_F(HubTest, FinetuneWithTheSeedsHubDataSet) {
       dir + " --run-name off 2>&1");
   EXPECT_EQ(off.code, 0) << off.out;
   fs::remove_all(dir);
+  // `slicetrain download --dataset` fetches a split for later offline runs.
+  const test::Ran dl = test::RunCommand("HF_ENDPOINT=" + hub_.endpoint() + " HF_HUB_CACHE=" +
+                                        cache_.string() + " " ST_BINARY
+                                        " download --dataset acme/instruct --dataset-split test");
+  EXPECT_EQ(dl.code, 0) << dl.out;
+  EXPECT_NE(dl.out.find("datasets--acme--instruct/snapshots/" + hub_.dataset("acme/instruct").sha),
+            std::string::npos)
+      << dl.out;
+  EXPECT_TRUE(fs::exists(cache_ / "datasets--acme--instruct" / "snapshots" /
+                         hub_.dataset("acme/instruct").sha / "data" /
+                         "test-00000-of-00001.parquet"));
   // An unknown data set: one line, exit code 1, no worker started.
   const test::Ran bad = test::RunCommand(
       "HF_ENDPOINT=" + hub_.endpoint() + " HF_HUB_CACHE=" + cache_.string() +

@@ -2,6 +2,7 @@
 #include "data/formats/rows.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "data/formats/csv.h"
 #include "data/formats/json.h"
@@ -75,9 +76,16 @@ StatusOr<DataFormat> DetectFormat(const std::string& path, const std::string& js
     const char c = FirstJsonChar(path);
     if (c == '[') return DataFormat::kJsonArray;
     if (e == ".json" && c == '{') {
-      // A top-level object on one record per line is JSON Lines; a multi-line object needs
-      // --dataset-field (decided by the reader when the first line does not parse).
-      return DataFormat::kJsonLines;
+      // Objects one per line are JSON Lines (as the datasets json loader reads them); one object
+      // spread over lines holds the records under a key.
+      std::ifstream f(path, std::ios::binary);
+      std::string first;
+      std::getline(f, first);
+      if (first.size() < kMaxRecordBytes && !json::accept(first))
+        return InvalidArgument(
+            StrCat(path, ": one JSON object over several lines; if the records are a list under a "
+                         "key, pass --dataset-field KEY (datasets' field=); otherwise write one "
+                         "record per line (JSON Lines) or an array of records"));
     }
     return DataFormat::kJsonLines;
   }
