@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "data/data_files.h"
+#include "io/files.h"
 
 namespace st {
 namespace {
@@ -167,13 +167,6 @@ bool GetString(json& rec, const std::string& field, std::string* out, std::strin
 
 namespace {
 
-std::string ReadText(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 bool HasGlob(const std::string& s) {
   return s.find_first_of("*?[") != std::string::npos;
 }
@@ -214,8 +207,12 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
   if (fs::is_directory(path, ec)) {
     ST_ASSIGN_OR_RETURN(std::vector<std::string> listing, ListRepoFiles(path));
     const fs::path readme = fs::path(path) / "README.md";
-    StatusOr<SplitFiles> sf = ResolveSplitFiles(
-        listing, fs::exists(readme, ec) ? ReadText(readme) : "", options.config, ds.split_.name);
+    std::string readme_text;
+    if (fs::exists(readme, ec)) {
+      ST_ASSIGN_OR_RETURN(readme_text, ReadTextFile(readme.string()));
+    }
+    StatusOr<SplitFiles> sf =
+        ResolveSplitFiles(listing, readme_text, options.config, ds.split_.name);
     if (!sf.ok()) {
       // Earlier slicetrain read <dir>/<split>.jsonl or .json for any split name; kept.
       for (const char* ext : {".jsonl", ".json"}) {

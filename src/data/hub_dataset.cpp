@@ -3,11 +3,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "data/data_files.h"
 #include "data/dataset.h"
+#include "io/files.h"
 
 namespace st {
 namespace {
@@ -15,13 +14,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kParquetBranch = "refs/convert/parquet";
-
-std::string ReadText(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // The split's folder of the Parquet conversion: <config>/<split>/ (or partial-<split>/ for sets
 // the hub converted only in part).
@@ -81,8 +73,10 @@ StatusOr<DatasetSource> ResolveDatasetSource(const std::string& dataset, const s
       if (!snap.ok()) continue;
       ST_ASSIGN_OR_RETURN(std::vector<std::string> files, ListRepoFiles(*snap));
       if (rev == revision) {
-        const std::string readme =
-            fs::exists(*snap + "/README.md") ? ReadText(*snap + "/README.md") : "";
+        std::string readme;
+        if (fs::exists(*snap + "/README.md")) {
+          ST_ASSIGN_OR_RETURN(readme, ReadTextFile(*snap + "/README.md"));
+        }
         if (ResolveSplitFiles(files, readme, config, split.name).ok()) {
           log(StrCat(dataset, "@", revision, ": using the cached snapshot ", *snap));
           return DatasetSource{*snap, split_text, config, StrCat(dataset, "@", revision)};
@@ -110,7 +104,7 @@ StatusOr<DatasetSource> ResolveDatasetSource(const std::string& dataset, const s
   if (std::find(info->files.begin(), info->files.end(), "README.md") != info->files.end()) {
     ST_ASSIGN_OR_RETURN(std::string p, client.DownloadFileAt(dataset, "README.md", revision,
                                                              info->sha, RepoType::kDataset));
-    readme = ReadText(p);
+    ST_ASSIGN_OR_RETURN(readme, ReadTextFile(p));
   }
   StatusOr<SplitFiles> sf = ResolveSplitFiles(info->files, readme, config, split.name);
   if (!sf.ok()) {

@@ -90,6 +90,14 @@ Status FsyncDir(const std::string& dir) {
   return Fsync(dir, O_RDONLY | O_DIRECTORY, "directory");
 }
 
+StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return IoError(StrCat(path, ": cannot open: ", std::strerror(errno)));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (f.bad()) return IoError(StrCat(path, ": read failed"));
+  return text;
+}
+
 Status WriteFileDurably(const std::string& path, const std::string& text) {
   const std::string tmp = StrCat(path, ".tmp", ::getpid());
   {

@@ -27,6 +27,9 @@ std::string HashText(const std::string& text);
 Status FsyncFile(const std::string& path);
 Status FsyncDir(const std::string& dir);
 
+// The whole file as a string (small text files: a README, a config); an error names the path.
+StatusOr<std::string> ReadTextFile(const std::string& path);
+
 // Writes `text` to path through `path.tmp<pid>`, fsync, rename, fsync of the parent directory.
 Status WriteFileDurably(const std::string& path, const std::string& text);
 
