@@ -376,6 +376,18 @@ TEST(DataFiles, DefaultPatternsAsDatasets) {
   EXPECT_TRUE(GlobMatch("**/train[-._ 0-9]*", "a/b/train-1.csv"));
   EXPECT_FALSE(GlobMatch("data/*.parquet", "data/x/y.parquet"));
   EXPECT_TRUE(GlobMatch("data/**", "data/x/y.parquet"));
+  EXPECT_FALSE(GlobMatch("data/[z-a].parquet", "data/z.parquet"));  // a bad class matches nothing
+  const std::string bad_readme =
+      "---\nconfigs:\n- config_name: x\n  data_files: \"[z-a]*.csv\"\n---\n";
+  StatusOr<SplitFiles> bad = ResolveSplitFiles({"a.csv"}, bad_readme, "", "train");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("no data files"), std::string::npos)
+      << bad.status().ToString();
+  StatusOr<SplitFiles> yaml = ResolveSplitFiles({"a.csv"}, "---\nconfigs: [\n---\n", "", "train");
+  ASSERT_FALSE(yaml.ok());
+  EXPECT_NE(yaml.status().message().find("README.md: the YAML front matter does not parse"),
+            std::string::npos)
+      << yaml.status().ToString();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -83,11 +84,22 @@ const std::set<std::string>& IgnoredNames() {
   return k;
 }
 
+// A glob as a regex; a pattern std::regex refuses ([z-a]) matches nothing.
+std::optional<std::regex> GlobRegex(const std::string& pattern) {
+  try {
+    return std::regex(GlobToRegex(pattern));
+  } catch (const std::regex_error&) {
+    return std::nullopt;
+  }
+}
+
 // The files matching one pattern, in path order (files is sorted).
 std::vector<std::string> Resolve(const std::vector<std::string>& files, std::string pattern) {
   while (pattern.rfind("./", 0) == 0) pattern.erase(0, 2);
   std::vector<std::string> out;
-  const std::regex re(GlobToRegex(pattern));
+  const std::optional<std::regex> compiled = GlobRegex(pattern);
+  if (!compiled) return out;
+  const std::regex& re = *compiled;
   const std::string pattern_base = Basename(pattern);
   for (const std::string& f : files) {
     if (Hidden(f)) continue;
@@ -234,7 +246,8 @@ StatusOr<std::vector<std::pair<std::string, SplitPatterns>>> ReadmeConfigs(
 }  // namespace
 
 bool GlobMatch(const std::string& pattern, const std::string& path) {
-  return std::regex_match(path, std::regex(GlobToRegex(pattern)));
+  const std::optional<std::regex> re = GlobRegex(pattern);
+  return re && std::regex_match(path, *re);
 }
 
 StatusOr<SplitFiles> ResolveSplitFiles(const std::vector<std::string>& files_in,

@@ -437,7 +437,10 @@ bool DecodePlain(const Node& leaf, const uint8_t* p, const uint8_t* end, int64_t
         int32_t day;
         std::memcpy(&nanos, p, 8);
         std::memcpy(&day, p + 8, 4);
-        out->push_back((int64_t{day} - 2440588) * 86400 * 1000000000LL + nanos);
+        // Wrapping arithmetic: a damaged day must not be signed overflow.
+        const uint64_t ns = static_cast<uint64_t>(int64_t{day} - 2440588) * 86400000000000ULL +
+                            static_cast<uint64_t>(nanos);
+        out->push_back(static_cast<int64_t>(ns));
       }
       return true;
     case kFloat:
