@@ -628,9 +628,9 @@ TEST_F(HubTest, FinetuneWithTheSeedsHubDataSet) {
   EXPECT_EQ(off.code, 0) << off.out;
   fs::remove_all(dir);
   // `slicetrain download --dataset` fetches a split for later offline runs.
-  const test::Ran dl = test::RunCommand("HF_ENDPOINT=" + hub_.endpoint() + " HF_HUB_CACHE=" +
-                                        cache_.string() + " " ST_BINARY
-                                        " download --dataset acme/instruct --dataset-split test");
+  const test::Ran dl =
+      test::RunCommand("HF_ENDPOINT=" + hub_.endpoint() + " HF_HUB_CACHE=" + cache_.string() +
+                       " " ST_BINARY " download --dataset acme/instruct --dataset-split test");
   EXPECT_EQ(dl.code, 0) << dl.out;
   EXPECT_NE(dl.out.find("datasets--acme--instruct/snapshots/" + hub_.dataset("acme/instruct").sha),
             std::string::npos)

@@ -83,9 +83,10 @@ StatusOr<DataFormat> DetectFormat(const std::string& path, const std::string& js
       std::getline(f, first);
       if (first.size() < kMaxRecordBytes && !json::accept(first))
         return InvalidArgument(
-            StrCat(path, ": one JSON object over several lines; if the records are a list under a "
-                         "key, pass --dataset-field KEY (datasets' field=); otherwise write one "
-                         "record per line (JSON Lines) or an array of records"));
+            StrCat(path,
+                   ": one JSON object over several lines; if the records are a list under a "
+                   "key, pass --dataset-field KEY (datasets' field=); otherwise write one "
+                   "record per line (JSON Lines) or an array of records"));
     }
     return DataFormat::kJsonLines;
   }
