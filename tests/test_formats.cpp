@@ -376,6 +376,19 @@ TEST(DataFiles, DefaultPatternsAsDatasets) {
   EXPECT_TRUE(GlobMatch("**/train[-._ 0-9]*", "a/b/train-1.csv"));
   EXPECT_FALSE(GlobMatch("data/*.parquet", "data/x/y.parquet"));
   EXPECT_TRUE(GlobMatch("data/**", "data/x/y.parquet"));
+  // A config's data_dir: its data_files, or the default patterns, are relative to it.
+  const std::string dirs =
+      "---\nconfigs:\n- config_name: en\n  data_dir: en\n- config_name: de\n  data_dir: de/\n"
+      "  data_files:\n  - split: train\n    path: \"*.jsonl\"\n---\n";
+  const V repo = {"README.md",  "en/train.parquet", "en/test.parquet",
+                  "de/a.jsonl", "de/b.jsonl",       "train.csv"};
+  StatusOr<SplitFiles> en = ResolveSplitFiles(repo, dirs, "en", "test");
+  ASSERT_TRUE(en.ok()) << en.status().ToString();
+  EXPECT_EQ(en->files, V{"en/test.parquet"});
+  EXPECT_EQ(en->splits, (V{"train", "test"}));
+  StatusOr<SplitFiles> de = ResolveSplitFiles(repo, dirs, "de", "train");
+  ASSERT_TRUE(de.ok()) << de.status().ToString();
+  EXPECT_EQ(de->files, (V{"de/a.jsonl", "de/b.jsonl"}));
   EXPECT_FALSE(GlobMatch("data/[z-a].parquet", "data/z.parquet"));  // a bad class matches nothing
   const std::string bad_readme =
       "---\nconfigs:\n- config_name: x\n  data_files: \"[z-a]*.csv\"\n---\n";

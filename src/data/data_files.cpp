@@ -190,10 +190,17 @@ std::vector<std::string> AsStrings(const YAML::Node& n) {
   return v;
 }
 
-// The configs of the README's front matter: name -> (split -> patterns); default first.
-StatusOr<std::vector<std::pair<std::string, SplitPatterns>>> ReadmeConfigs(
-    const std::string& readme, std::string* default_config) {
-  std::vector<std::pair<std::string, SplitPatterns>> out;
+// One config of the README's front matter.
+struct Config {
+  std::string name;
+  SplitPatterns patterns;  // relative to data_dir; empty: the default patterns under data_dir
+  std::string data_dir;    // "" = the repository's root
+};
+
+// The configs of the README's front matter, in its order.
+StatusOr<std::vector<Config>> ReadmeConfigs(const std::string& readme,
+                                            std::string* default_config) {
+  std::vector<Config> out;
   if (readme.rfind("---", 0) != 0) return out;
   const size_t end = readme.find("\n---", 3);
   if (end == std::string::npos) return out;
@@ -215,7 +222,7 @@ StatusOr<std::vector<std::pair<std::string, SplitPatterns>>> ReadmeConfigs(
       SplitPatterns sp;
       const YAML::Node df = c["data_files"];
       if (!df) {
-        sp.push_back({"train", {"**"}});  // no data_files: every data file (datasets' default)
+        // No data_files: the default patterns, under data_dir when there is one.
       } else if (df.IsScalar()) {
         sp.push_back({"train", AsStrings(df)});
       } else if (df.IsMap()) {
@@ -235,7 +242,11 @@ StatusOr<std::vector<std::pair<std::string, SplitPatterns>>> ReadmeConfigs(
         if (!plain.empty()) sp.push_back({"train", plain});
       }
       if (c["default"] && c["default"].as<bool>(false)) *default_config = name;
-      out.emplace_back(name, sp);
+      std::string data_dir = c["data_dir"] ? c["data_dir"].as<std::string>() : "";
+      while (!data_dir.empty() && data_dir.back() == '/') data_dir.pop_back();
+      while (data_dir.rfind("./", 0) == 0) data_dir.erase(0, 2);
+      if (data_dir == ".") data_dir.clear();
+      out.push_back({name, sp, data_dir});
     }
   } catch (const YAML::Exception& e) {
     return InvalidArgument(StrCat("README.md: bad `configs` entry: ", e.what()));
@@ -271,24 +282,42 @@ StatusOr<SplitFiles> ResolveSplitFiles(const std::vector<std::string>& files_in,
       if (!dflt.empty())
         want = dflt;
       else if (configs.size() == 1)
-        want = configs[0].first;
+        want = configs[0].name;
       else
         for (const auto& c : configs)
-          if (c.first == "default") want = "default";
+          if (c.name == "default") want = "default";
     }
     std::string names;
-    for (const auto& c : configs) names += (names.empty() ? "" : ", ") + c.first;
+    for (const Config& c : configs) names += (names.empty() ? "" : ", ") + c.name;
     if (want.empty())
       return InvalidArgument(
           StrCat("the data set has several configs and no default; pick one "
                  "with --dataset-config (",
                  names, ")"));
     auto it = std::find_if(configs.begin(), configs.end(),
-                           [&](const auto& c) { return c.first == want; });
+                           [&](const Config& c) { return c.name == want; });
     if (it == configs.end())
       return NotFound(StrCat("no config '", want, "' (the README defines: ", names, ")"));
     out.config = want;
-    patterns = it->second;
+    patterns = it->patterns;
+    if (!it->data_dir.empty()) {
+      // data_dir: data_files (or the default patterns) are relative to it.
+      const std::string prefix = it->data_dir + "/";
+      if (patterns.empty()) {
+        std::vector<std::string> under;
+        for (const std::string& f : files)
+          if (f.rfind(prefix, 0) == 0) under.push_back(f.substr(prefix.size()));
+        StatusOr<SplitPatterns> inferred = InferPatterns(under);
+        if (!inferred.ok())
+          return NotFound(StrCat("config '", want, "': ", inferred.status().message(),
+                                 " under data_dir ", it->data_dir));
+        patterns = *inferred;
+      }
+      for (auto& [split_name, pats] : patterns)
+        for (std::string& p : pats) p = prefix + p;
+    } else if (patterns.empty()) {
+      ST_ASSIGN_OR_RETURN(patterns, InferPatterns(files));
+    }
   }
   const SplitPatterns::value_type* mine = nullptr;
   for (const auto& sp : patterns) {
