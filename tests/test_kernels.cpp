@@ -125,10 +125,10 @@ TEST(RopeParity, ForwardInverseAndParity) {
       sn[t * half + j] = std::sin(0.3f * t * (j + 1));
     }
   auto a = x, b = x;
-  ref::Rope(a.data(), cs.data(), sn.data(), B, T, Hh, D, false);
-  cpu::Rope(b.data(), cs.data(), sn.data(), B, T, Hh, D, false);
+  ref::Rope(a.data(), cs.data(), sn.data(), nullptr, B, T, Hh, D, false);
+  cpu::Rope(b.data(), cs.data(), sn.data(), nullptr, B, T, Hh, D, false);
   EXPECT_LT(RelError(b, a), 1e-6);
-  cpu::Rope(b.data(), cs.data(), sn.data(), B, T, Hh, D, true);
+  cpu::Rope(b.data(), cs.data(), sn.data(), nullptr, B, T, Hh, D, true);
   EXPECT_LT(RelError(b, x), 1e-6) << "inverse rope is not the inverse";
 }
 
@@ -349,6 +349,118 @@ INSTANTIATE_TEST_SUITE_P(
       return "case" + std::to_string(info.index);
     });
 
+// Document masking (packed examples): every query sees only the keys of its own document, and a
+// window restarts with each document. The tiled kernel against the naive reference and the
+// probabilities kernel, with documents shorter and longer than the query and key blocks, a
+// window, padding after the last document (it continues the last document's start, as packed
+// batches lay it out), and both backward schedules.
+struct DocCase {
+  int64_t B, T, H, Hkv, D, window, max_doc;
+  int threads;
+};
+
+TEST(AttentionDocuments, TiledMatchesReferenceAndProbs) {
+  for (const DocCase& c : {DocCase{2, 200, 4, 2, 8, 0, 40, 2}, DocCase{3, 333, 2, 1, 8, 16, 150, 2},
+                           DocCase{1, 300, 4, 1, 8, 0, 300, 3}, DocCase{4, 130, 2, 2, 4, 5, 20, 1},
+                           DocCase{2, 260, 8, 1, 8, 64, 90, 2}}) {
+    SCOPED_TRACE(testing::Message() << "B" << c.B << " T" << c.T << " W" << c.window
+                                    << " docs<=" << c.max_doc << " threads" << c.threads);
+    std::vector<int32_t> start(c.B * c.T);
+    std::vector<uint8_t> pad(c.B * c.T, 1);
+    Rng rng(7 + c.T);
+    for (int64_t b = 0; b < c.B; ++b) {
+      const int64_t used = c.T - static_cast<int64_t>(rng.Below(c.T / 4));  // the rest is padding
+      int64_t t = 0, doc = 0;
+      while (t < used) {
+        const int64_t n = std::min<int64_t>(used - t, 1 + rng.Below(c.max_doc));
+        for (int64_t k = 0; k < n; ++k) start[b * c.T + t + k] = static_cast<int32_t>(t);
+        doc = t;
+        t += n;
+      }
+      for (; t < c.T; ++t) start[b * c.T + t] = static_cast<int32_t>(doc), pad[b * c.T + t] = 0;
+    }
+    const AttnMask mask{pad.data(), c.window, start.data()};
+    const int64_t nq = c.B * c.T * c.H * c.D, nk = c.B * c.T * c.Hkv * c.D;
+    const auto q = RandomVec(nq, 30), k = RandomVec(nk, 31), v = RandomVec(nk, 32),
+               go = RandomVec(nq, 33);
+    std::vector<float> o0(nq), o1(nq), o2(nq), l0(c.B * c.H * c.T), l1(l0.size());
+    std::vector<float> probs(c.B * c.H * c.T * c.T);
+    ref::AttentionForward(q.data(), k.data(), v.data(), o0.data(), l0.data(), c.B, c.T, c.H, c.Hkv,
+                          c.D, mask);
+    ref::AttentionProbsForward(q.data(), k.data(), v.data(), o2.data(), probs.data(), c.B, c.T, c.H,
+                               c.Hkv, c.D, mask);
+    auto dk0 = RandomVec(nk, 34), dk1 = dk0, dk2 = dk0, dv0 = RandomVec(nk, 35), dv1 = dv0,
+         dv2 = dv0;
+    std::vector<float> dq0(nq), dq1(nq), dq2(nq);
+    ref::AttentionBackward(q.data(), k.data(), v.data(), o0.data(), l0.data(), go.data(),
+                           dq0.data(), dk0.data(), dv0.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
+    ref::AttentionProbsBackward(q.data(), k.data(), v.data(), probs.data(), go.data(), dq2.data(),
+                                dk2.data(), dv2.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
+    {
+      ScopedThreads threads(c.threads);
+      cpu::AttentionForward(q.data(), k.data(), v.data(), o1.data(), l1.data(), c.B, c.T, c.H,
+                            c.Hkv, c.D, mask);
+      cpu::AttentionBackward(q.data(), k.data(), v.data(), o1.data(), l1.data(), go.data(),
+                             dq1.data(), dk1.data(), dv1.data(), c.B, c.T, c.H, c.Hkv, c.D, mask);
+    }
+    EXPECT_LT(RelError(o1, o0), kParityTol);
+    EXPECT_LT(RelError(o2, o0), kParityTol);
+    ExpectLseNear(l1, l0, 1e-5);
+    EXPECT_LT(GradError(dq1, dq0), 5e-5);
+    EXPECT_LT(GradError(dk1, dk0), 5e-5);
+    EXPECT_LT(GradError(dv1, dv0), 5e-5);
+    EXPECT_LT(GradError(dq2, dq0), 5e-5);
+    EXPECT_LT(GradError(dk2, dk0), 5e-5);
+    EXPECT_LT(GradError(dv2, dv0), 5e-5);
+    // No query sees a key of another document: the first document's outputs do not change when
+    // every later key and value changes.
+    auto k2 = k, v2 = v;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t)
+        if (start[b * c.T + t] > 0)
+          for (int64_t j = 0; j < c.Hkv * c.D; ++j) {
+            k2[(b * c.T + t) * c.Hkv * c.D + j] += 1.0f;
+            v2[(b * c.T + t) * c.Hkv * c.D + j] -= 2.0f;
+          }
+    std::vector<float> o3(nq), l3(l0.size());
+    cpu::AttentionForward(q.data(), k2.data(), v2.data(), o3.data(), l3.data(), c.B, c.T, c.H,
+                          c.Hkv, c.D, mask);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T && start[b * c.T + t] == 0; ++t)
+        for (int64_t j = 0; j < c.H * c.D; ++j)
+          ASSERT_EQ(o3[(b * c.T + t) * c.H * c.D + j], o1[(b * c.T + t) * c.H * c.D + j]);
+  }
+}
+
+// Positions per token: RoPE at pos[b, t] equals RoPE of the same vector placed at t = pos.
+TEST(RopeParity, PositionIds) {
+  const int64_t B = 2, T = 9, Hh = 3, D = 8, half = D / 2;
+  std::vector<float> cs(T * half), sn(T * half);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < half; ++j) {
+      cs[t * half + j] = std::cos(0.3f * t * (j + 1));
+      sn[t * half + j] = std::sin(0.3f * t * (j + 1));
+    }
+  const std::vector<int32_t> pos = {0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 0, 1};
+  const auto x = RandomVec(B * T * Hh * D, 40);
+  auto a = x, b = x;
+  ref::Rope(a.data(), cs.data(), sn.data(), pos.data(), B, T, Hh, D, false);
+  cpu::Rope(b.data(), cs.data(), sn.data(), pos.data(), B, T, Hh, D, false);
+  EXPECT_LT(RelError(b, a), 1e-6);
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      // The token alone in a row of pos + 1 positions, at the last one.
+      const int64_t p = pos[r * T + t];
+      std::vector<float> one((p + 1) * Hh * D, 0.f);
+      std::copy_n(x.begin() + (r * T + t) * Hh * D, Hh * D, one.begin() + p * Hh * D);
+      cpu::Rope(one.data(), cs.data(), sn.data(), nullptr, 1, p + 1, Hh, D, false);
+      for (int64_t j = 0; j < Hh * D; ++j)
+        ASSERT_EQ(one[p * Hh * D + j], b[(r * T + t) * Hh * D + j]);
+    }
+  cpu::Rope(b.data(), cs.data(), sn.data(), pos.data(), B, T, Hh, D, true);
+  EXPECT_LT(RelError(b, x), 1e-6);
+}
+
 // Two calls with the same inputs and thread count give the same bytes, in both backward schedules.
 TEST(AttentionDeterminism, RepeatedCallsAreBitIdentical) {
   for (const AttnCase& c :
@@ -486,10 +598,10 @@ TEST(FiniteDifference, Rope) {
     sn[i] = std::sin(0.7f * i);
   }
   auto dx = dy;
-  ref::Rope(dx.data(), cs.data(), sn.data(), B, T, Hh, D, true);
+  ref::Rope(dx.data(), cs.data(), sn.data(), nullptr, B, T, Hh, D, true);
   auto f = [&](const std::vector<float>& xx) {
     auto y = xx;
-    ref::Rope(y.data(), cs.data(), sn.data(), B, T, Hh, D, false);
+    ref::Rope(y.data(), cs.data(), sn.data(), nullptr, B, T, Hh, D, false);
     return Dot(y, dy);
   };
   ExpectDirectionalDerivative(f, x, dx, 57);

@@ -116,6 +116,7 @@ Gemma4Engine::Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t m
     cpu::ReserveAttentionScratch(max_B_, max_T_, cfg_.num_attention_heads, max_kv, max_d);
   }
   targets_.assign(max_B_ * max_T_, -100);
+  doc_start_.assign(max_B_ * max_T_, 0);
   rows_.reserve(static_cast<size_t>(max_B_ * max_T_));
 }
 
@@ -373,8 +374,9 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
           ple[(l * N + n) * P + p] = (projn[(n * L + l) * P + p] + tok[(n * L + l) * P + p]) * s;
   }
 
-  AttnMask full_mask{b.attention_mask, 0};
-  AttnMask sliding_mask{b.attention_mask, cfg_.sliding_window};
+  const int32_t* start = DocumentStarts(b);
+  AttnMask full_mask{b.attention_mask, 0, start};
+  AttnMask sliding_mask{b.attention_mask, cfg_.sliding_window, start};
   for (int64_t i = 0; i < L; ++i)
     LayerForward(i, t, b, cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask,
                  hooks);
@@ -400,6 +402,20 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
   return r;
 }
 
+const int32_t* Gemma4Engine::DocumentStarts(const Batch& b) {
+  if (b.position_ids == nullptr) return nullptr;
+  for (int64_t r = 0; r < b.B; ++r)
+    for (int64_t t = 0; t < b.T; ++t) {
+      const int32_t p = b.position_ids[r * b.T + t];
+      const int32_t prev = t > 0 ? b.position_ids[r * b.T + t - 1] : -1;
+      ST_CHECK(p == 0 || p == prev + 1)
+          << "position_ids must restart at 0 or count up by one; row " << r << " position " << t
+          << " has " << p << " after " << prev;
+      doc_start_[static_cast<size_t>(r * b.T + t)] = static_cast<int32_t>(t - p);
+    }
+  return doc_start_.data();
+}
+
 void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
                                 const AttnMask& mask, ParamHooks* hooks) {
   const Ops& ops = OpsFor(backend_);
@@ -423,11 +439,11 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
   float* q = Act(a.q);  // [N, H*D] after q_norm and RoPE
   Linear(t, lp.q_proj, h1, Act(a.q_raw), N, d, H * D);
   ops.RmsNormForward(Act(a.q_raw), W(lp.q_norm), q, Act(a.rstd_q), N * H, D, eps);
-  ops.Rope(q, cos_t, sin_t, B, T, H, D, false);
+  ops.Rope(q, cos_t, sin_t, b.position_ids, B, T, H, D, false);
   if (!cfg_.IsKvShared(i)) {
     Linear(t, lp.k_proj, h1, Act(a.k_raw), N, d, Hkv * D);
     ops.RmsNormForward(Act(a.k_raw), W(lp.k_norm), Act(a.k), Act(a.rstd_k), N * Hkv, D, eps);
-    ops.Rope(Act(a.k), cos_t, sin_t, B, T, Hkv, D, false);
+    ops.Rope(Act(a.k), cos_t, sin_t, b.position_ids, B, T, Hkv, D, false);
     Linear(t, lp.v_proj, h1, Act(a.v_raw), N, d, Hkv * D);
     ops.RmsNormForward(Act(a.v_raw), nullptr, Act(a.v), Act(a.rstd_v), N * Hkv, D, eps);
   }
@@ -750,8 +766,9 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
       std::memset(Act(plan_.dv[i]), 0, bytes);
     }
 
-  AttnMask full_mask{b.attention_mask, 0};
-  AttnMask sliding_mask{b.attention_mask, cfg_.sliding_window};
+  const int32_t* start = b.position_ids ? doc_start_.data() : nullptr;  // the forward's
+  AttnMask full_mask{b.attention_mask, 0, start};
+  AttnMask sliding_mask{b.attention_mask, cfg_.sliding_window, start};
   for (int64_t i = L - 1; i >= 0; --i)
     LayerBackward(i, t, b, cfg_.layer_types[i] == LayerType::kFull ? full_mask : sliding_mask,
                   hooks);
@@ -850,7 +867,7 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
   float* dv = Act(plan_.dv[i]);
   ops.AttentionBackward(Act(a.q), Act(src.k), Act(src.v), Act(a.o), Act(a.lse), dout, dq, dk, dv, B,
                         T, H, Hkv, D, mask);
-  ops.Rope(dq, cos_t, sin_t, B, T, H, D, true);
+  ops.Rope(dq, cos_t, sin_t, b.position_ids, B, T, H, D, true);
   float* dq_raw = dout;  // d o is consumed
   ops.RmsNormBackward(Act(a.q_raw), W(lp.q_norm), Act(a.rstd_q), dq, dq_raw, G(lp.q_norm), N * H, D,
                       false);
@@ -858,7 +875,7 @@ void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
   if (!cfg_.IsKvShared(i)) {
     // Every consumer of this layer's K/V is later in the stack, so dk/dv are complete here.
     float* draw = dq;
-    ops.Rope(dk, cos_t, sin_t, B, T, Hkv, D, true);
+    ops.Rope(dk, cos_t, sin_t, b.position_ids, B, T, Hkv, D, true);
     ops.RmsNormBackward(Act(a.k_raw), W(lp.k_norm), Act(a.rstd_k), dk, draw, G(lp.k_norm), N * Hkv,
                         D, false);
     LinearBack(t, lp.k_proj, Act(a.h1), draw, dh, N, d, Hkv * D, 1.0f, true);

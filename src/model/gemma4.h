@@ -30,6 +30,11 @@ struct Batch {
   const uint8_t* attention_mask = nullptr;  // [B,T], 1 = real token; null = no padding
   const int32_t* labels = nullptr;          // [B,T], -100 = ignored; null = no loss
   int64_t B = 0, T = 0;
+  // [B,T] or null (= 0..T-1 in every row). Several examples packed into one row: each restarts at
+  // 0 and counts up by one, and the engine masks attention by document (data/packing.h): every
+  // token attends only to the earlier tokens of its own example, and RoPE sees its position in
+  // the example, so each example computes what it would alone.
+  const int32_t* position_ids = nullptr;
 };
 
 struct ForwardResult {
@@ -203,6 +208,8 @@ class Gemma4Engine {
   float* Act(int idx) { return acts_.data() + plan_.layout.entry(idx).offset; }
   const float* Act(int idx) const { return acts_.data() + plan_.layout.entry(idx).offset; }
   void BuildRopeTables();
+  // doc_start_ from the batch's position ids (checked), or null when it has none.
+  const int32_t* DocumentStarts(const Batch& b);
 
   void LayerForward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                     ParamHooks* hooks);
@@ -256,6 +263,7 @@ class Gemma4Engine {
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
   std::vector<int32_t> targets_;     // [N] labels shifted left by one, -100 at each row's end
   std::vector<int32_t> rows_;        // the rows with a target, in order (the head's compacted rows)
+  std::vector<int32_t> doc_start_;   // [N] from Batch::position_ids: each token's first visible key
   AlignedBuffer head_w_;             // frozen head: one vocabulary block's weights (fp32)
   std::vector<float> whole_logits_;  // the oracle's [N, V] logits (EngineOptions::whole_logits)
   ParamTable arena_table_;

@@ -101,26 +101,30 @@ CallScratch& Shared(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
 
 // One call's shape and mask, with O(1) visibility queries from the prefix counts.
 struct Geometry {
-  int64_t B, T, H, Hkv, D, group, ldq, ldk, window;
+  int64_t B, T, H, Hkv, D, group, ldq, ldk;
+  AttnMask mask;                   // window and document starts
   int64_t bq, nqb, nkb, rows_max;  // queries per tile, query and key blocks, rows per tile
   const uint8_t* pad;              // [B, T] or null
   const int64_t* count;            // [B, T+1] or null (no padding)
   const uint8_t* empty_block;      // [B, nqb]
 
-  // First key a query may see (causal window); its last is the query itself.
-  int64_t RowLo(int64_t i) const { return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0; }
+  // First key query i of row b may see (window, document); its last is the query itself.
+  // Nondecreasing in i, so a query block's first row has the block's lowest.
+  int64_t RowLo(int64_t b, int64_t i) const { return mask.Lo(b, T, i); }
   // Real (non-padding) keys among [c0, c1) of batch row b.
   int64_t Real(int64_t b, int64_t c0, int64_t c1) const {
     return count ? count[b * (T + 1) + c1] - count[b * (T + 1) + c0] : c1 - c0;
   }
-  bool RowEmpty(int64_t b, int64_t i) const { return Real(b, RowLo(i), i + 1) == 0; }
+  bool RowEmpty(int64_t b, int64_t i) const { return Real(b, RowLo(b, i), i + 1) == 0; }
 
   int64_t Q0(int64_t qb) const { return qb * bq; }
   int64_t Q1(int64_t qb) const { return std::min(T, (qb + 1) * bq); }
   bool Full(int64_t b, int64_t qb) const { return empty_block[b * nqb + qb] != 0; }
   // Key blocks [lo, hi) that a query block visits: those that hold a key visible to any of its
   // rows, or all of them when `full` (a row with no visible key attends to all T keys).
-  int64_t KbLo(int64_t qb, bool full) const { return full ? 0 : RowLo(Q0(qb)) / kKeyBlock; }
+  int64_t KbLo(int64_t b, int64_t qb, bool full) const {
+    return full ? 0 : RowLo(b, Q0(qb)) / kKeyBlock;
+  }
   int64_t KbHi(int64_t qb, bool full) const { return full ? nkb : (Q1(qb) - 1) / kKeyBlock + 1; }
 
   // The columns [c0, c1) of tile (qb, kb): the key block clipped to the union of the query
@@ -128,7 +132,7 @@ struct Geometry {
   bool TileCols(int64_t b, int64_t qb, int64_t kb, bool full, int64_t* c0, int64_t* c1) const {
     int64_t k0 = kb * kKeyBlock, k1 = std::min(T, k0 + kKeyBlock);
     if (!full) {
-      k0 = std::max(k0, RowLo(Q0(qb)));
+      k0 = std::max(k0, RowLo(b, Q0(qb)));
       k1 = std::min(k1, Q1(qb));
       if (k0 >= k1 || Real(b, k0, k1) == 0) return false;
     }
@@ -139,8 +143,8 @@ struct Geometry {
 
   // The visible columns of query i inside [c0, c1), as [a, e) relative to c0, clamped to
   // [0, c1 - c0] with a <= e (padding inside is masked separately).
-  void Span(int64_t i, int64_t c0, int64_t c1, int64_t* a, int64_t* e) const {
-    *a = std::min(std::max(c0, RowLo(i)), c1) - c0;
+  void Span(int64_t b, int64_t i, int64_t c0, int64_t c1, int64_t* a, int64_t* e) const {
+    *a = std::min(std::max(c0, RowLo(b, i)), c1) - c0;
     *e = std::max(std::min(c1, i + 1) - c0, *a);
   }
 };
@@ -158,7 +162,7 @@ Geometry MakeGeometry(CallScratch& s, int64_t B, int64_t T, int64_t H, int64_t H
                    .group = group,
                    .ldq = H * D,
                    .ldk = Hkv * D,
-                   .window = mask.window,
+                   .mask = mask,
                    .bq = bq,
                    .nqb = Blocks(T, bq),
                    .nkb = Blocks(T, kKeyBlock),
@@ -215,7 +219,7 @@ void ForwardBlock(const Geometry& g, const float* q, const float* k, const float
   std::fill(m, m + R, -INFINITY);
   std::fill(l, l + R, 0.0f);
   const uint8_t* pad = g.pad ? g.pad + b * T : nullptr;
-  for (int64_t kb = g.KbLo(qb, false); kb < g.KbHi(qb, false); ++kb) {
+  for (int64_t kb = g.KbLo(b, qb, false); kb < g.KbHi(qb, false); ++kb) {
     int64_t c0, c1;
     if (!g.TileCols(b, qb, kb, false, &c0, &c1)) continue;
     const int64_t cols = c1 - c0;
@@ -225,7 +229,7 @@ void ForwardBlock(const Geometry& g, const float* q, const float* k, const float
     for (int64_t r = 0; r < R; ++r) {
       float* sr = t.s + r * cols;
       int64_t a, e;
-      g.Span(q0 + r / group, c0, c1, &a, &e);
+      g.Span(b, q0 + r / group, c0, c1, &a, &e);
       float mx = -INFINITY;
       if (pr) {
         for (int64_t j = a; j < e; ++j) mx = std::max(mx, pr[j] ? sr[j] : -INFINITY);
@@ -369,7 +373,7 @@ void BackwardTile(const Geometry& g, const BackwardArgs& x, const TileScratch& t
       continue;
     }
     int64_t a, e;
-    g.Span(i, c0, c1, &a, &e);
+    g.Span(b, i, c0, c1, &a, &e);
     const float m = t.lse[r];
     std::fill(prow, prow + a, 0.0f);
     std::fill(prow + e, prow + cols, 0.0f);
@@ -409,7 +413,7 @@ void DqBlock(const Geometry& g, const BackwardArgs& x, int64_t b, int64_t kvh, i
   const int64_t q0 = g.Q0(qb), q1 = g.Q1(qb);
   std::fill(t.dqs, t.dqs + (q1 - q0) * g.group * g.D, 0.0f);
   const bool full = g.Full(b, qb);
-  for (int64_t kb = g.KbLo(qb, full); kb < g.KbHi(qb, full); ++kb) {
+  for (int64_t kb = g.KbLo(b, qb, full); kb < g.KbHi(qb, full); ++kb) {
     int64_t c0, c1;
     if (g.TileCols(b, qb, kb, full, &c0, &c1))
       BackwardTile(g, x, t, b, kvh, qb, c0, c1, true, with_dkv);

@@ -153,15 +153,16 @@ void RmsNormBackward(const float* x, const float* w, const float* rstd, const fl
   }
 }
 
-void Rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
-          int64_t D, bool inverse) {
+void Rope(float* x, const float* cos, const float* sin, const int32_t* pos, int64_t B, int64_t T,
+          int64_t heads, int64_t D, bool inverse) {
   const int64_t half = D / 2;
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for collapse(2) schedule(static) if (B * T * heads * D > kParallelMin)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      const float* cr = cos + t * half;
-      const float* sr = sin + t * half;
+      const int64_t p_t = pos ? pos[b * T + t] : t;
+      const float* cr = cos + p_t * half;
+      const float* sr = sin + p_t * half;
       for (int64_t h = 0; h < heads; ++h) {
         float* p = x + ((b * T + t) * heads + h) * D;
 #pragma omp simd

@@ -34,7 +34,7 @@ struct KeyRange {
 };
 
 bool RowHasVisibleKey(const AttnMask& m, int64_t b, int64_t T, int64_t q) {
-  const int64_t lo = m.window > 0 ? std::max<int64_t>(0, q - m.window + 1) : 0;
+  const int64_t lo = m.Lo(b, T, q);
   if (m.pad == nullptr) return true;
   for (int64_t k = lo; k <= q; ++k)
     if (m.pad[b * T + k]) return true;
@@ -47,14 +47,13 @@ KeyRange BlockKeyRange(const AttnMask& m, int64_t b, int64_t T, int64_t q0, int6
   for (int64_t q = q0; q < q1; ++q)
     if (!RowHasVisibleKey(m, b, T, q)) *any_empty = true;
   if (*any_empty) return {0, T};
-  const int64_t lo = m.window > 0 ? std::max<int64_t>(0, q0 - m.window + 1) : 0;
-  return {lo, q1};
+  return {m.Lo(b, T, q0), q1};  // Lo is nondecreasing along the row
 }
 
 // Softmax of row i over its visible keys inside [lo, hi); other entries of [lo, hi) become 0.
 // A row without visible keys gets 1/T on all T keys.
 void SoftmaxRow(float* row, const AttnMask& m, int64_t b, int64_t T, int64_t i, KeyRange r) {
-  const int64_t vis_lo = std::max(r.lo, m.window > 0 ? i - m.window + 1 : int64_t{0});
+  const int64_t vis_lo = std::max(r.lo, m.Lo(b, T, i));
   const int64_t vis_hi = std::min(r.hi, i + 1);
   const uint8_t* pad = m.pad ? m.pad + b * T : nullptr;
   float mx = -INFINITY;

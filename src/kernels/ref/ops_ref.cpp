@@ -88,15 +88,16 @@ void RmsNormBackward(const float* x, const float* w, const float* rstd, const fl
   }
 }
 
-void Rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
-          int64_t D, bool inverse) {
+void Rope(float* x, const float* cos, const float* sin, const int32_t* pos, int64_t B, int64_t T,
+          int64_t heads, int64_t D, bool inverse) {
   const int64_t half = D / 2;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < heads; ++h) {
         float* p = x + ((b * T + t) * heads + h) * D;
         for (int64_t j = 0; j < half; ++j) {
-          float c = cos[t * half + j], s = sin[t * half + j];
+          const int64_t p_t = pos ? pos[b * T + t] : t;
+          float c = cos[p_t * half + j], s = sin[p_t * half + j];
           if (inverse) s = -s;
           float x1 = p[j], x2 = p[j + half];
           p[j] = x1 * c - x2 * s;
