@@ -250,13 +250,17 @@ TEST(Collate, MatchesTransformersDataCollator) {
   CollateOptions o;
   o.max_seq_len = g["max_seq_len"].get<int64_t>();
   DatasetReport rep;
-  auto set = TokenizeDataset(*ds, PromptTemplate(), *tok, o, &rep);
+  // The seed's layout: the plain prompt, every token trained, padded to max_length.
+  auto renderer = ExampleRenderer::Create(*tok, TemplateKind::kInstruction, TrainOn::kAuto);
+  ASSERT_TRUE(renderer.ok()) << renderer.status().message();
+  EXPECT_EQ(renderer->train_on(), TrainOn::kAll);
+  auto set = TokenizeDataset(*ds, *renderer, o, &rep);
   ASSERT_TRUE(set.ok()) << set.status().message();
   ASSERT_EQ(set->size(), 12);
   EXPECT_GT(set->truncated, 0);  // the fixture includes records longer than T
   std::vector<int64_t> rows(12);
   for (int i = 0; i < 12; ++i) rows[i] = i;
-  TokenBatch b = Collate(*set, rows);
+  TokenBatch b = Collate(*set, rows, 0);
   EXPECT_EQ(b.B, 12);
   EXPECT_EQ(b.T, 16);
   auto flat = [](const nlohmann::json& m) {
@@ -270,7 +274,7 @@ TEST(Collate, MatchesTransformersDataCollator) {
   EXPECT_EQ(b.labels, flat(g["labels"]));
   // Reordered rows gather the same data.
   std::vector<int64_t> two = {3, 0};
-  TokenBatch b2 = Collate(*set, two);
+  TokenBatch b2 = Collate(*set, two, 0);
   EXPECT_TRUE(std::equal(b2.labels.begin(), b2.labels.begin() + 16, b.labels.begin() + 3 * 16));
 }
 
@@ -281,15 +285,30 @@ TEST(Collate, TruncationKeepsSpecialsAndLeftPadding) {
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   EXPECT_EQ(tok->Encode("ababab", true, 4), (std::vector<int32_t>{2, 3, 4, 1}));
   EXPECT_EQ(tok->Encode("ababab", true, 1), (std::vector<int32_t>{2}));
+  // What the renderer makes of a text: the tokenizer's ids with its eos as the kept tail.
+  auto rendered = [&](const std::string& text) {
+    RenderedExample e;
+    e.ids = tok->Encode(text, true);
+    e.trained.assign(e.ids.size(), 1);
+    e.tail = 1;
+    return e;
+  };
   CollateOptions o;
   o.max_seq_len = 5;
-  o.pad_left = true;
   TokenizedSet set;
-  AddExample(*tok, "ab", o, 0, &set);
+  AddExample(rendered("ab"), o, &set);
   std::vector<int64_t> row = {0};
-  TokenBatch b = Collate(set, row);
+  TokenBatch b = Collate(set, row, 0, /*pad_left=*/true);
   EXPECT_EQ(b.input_ids, (std::vector<int32_t>{0, 2, 3, 4, 1}));
   EXPECT_EQ(b.labels, (std::vector<int32_t>{kIgnoreIndex, 2, 3, 4, 1}));
+  // Truncation keeps the eos, as transformers' truncation=True does.
+  for (int64_t T : {1, 2, 4, 6}) {
+    o.max_seq_len = T;
+    TokenizedSet cut;
+    AddExample(rendered("ababab"), o, &cut);
+    EXPECT_EQ(cut.truncated, 1);
+    EXPECT_EQ(cut.ids, tok->Encode("ababab", true, T)) << T;
+  }
 }
 
 // A record longer than kMaxDatasetRecordBytes is refused by line number instead of being held.

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "data/batching.h"
 #include "io/hf_model.h"
 #include "model/config.h"
 #include "proc_util.h"

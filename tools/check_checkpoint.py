@@ -308,7 +308,9 @@ def check_loss(a) -> int:
     cmd = [a.slicetrain, "evaluate", "--json", "--model-id", model_dir]
     if a.adapter is not None:
         cmd += ["--adapter", a.adapter]
-    cmd += ["--dataset", a.dataset, "--dataset-split", f"train[:{a.records}]", "--max-seq-len", str(a.max_seq_len)]
+    # The seed's layout (the prompt template, every token a target), which the reference below builds.
+    cmd += ["--dataset", a.dataset, "--dataset-split", f"train[:{a.records}]", "--max-seq-len", str(a.max_seq_len),
+            "--template", "instruction", "--train-on", "all"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     ours = json.loads(out.strip().splitlines()[-1])
 

@@ -3,6 +3,7 @@
 // process; how a user checks a checkpoint.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +32,7 @@ struct EvaluateArgs {
   std::string model_id, adapter, tokenizer, data_dir, dataset_revision;
   DatasetOptions dataset = WithSplit("train[:1024]");
   int64_t max_seq_len = 64, batch_size = 8;
+  std::string chat_template = "auto", train_on = "auto";
   bool json = false;
   int threads = 0;  // 0 = OMP_NUM_THREADS, else the usable CPUs
 };
@@ -62,9 +64,19 @@ Status Run(const EvaluateArgs& a) {
   forward_only.training = false;
   forward_only.lora = m.lora;
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len, forward_only));
-  ST_ASSIGN_OR_RETURN(InstructionData data, LoadInstructionData(m.config, model_id, a.tokenizer,
-                                                                dataset, a.max_seq_len, data_dir));
+  TextOptions text;
+  ST_ASSIGN_OR_RETURN(text.kind, ParseTemplateKind(a.chat_template));
+  ST_ASSIGN_OR_RETURN(text.train_on, ParseTrainOn(a.train_on));
+  ST_ASSIGN_OR_RETURN(
+      InstructionData data,
+      LoadInstructionData(m.config, model_id, a.tokenizer, dataset, a.max_seq_len, data_dir, text));
   const TokenizedSet& set = data.examples;
+  // Batches of similar lengths, each padded to its longest (the loss is a sum over targets, so
+  // the order does not change it).
+  std::vector<int64_t> order(static_cast<size_t>(set.size()));
+  for (int64_t i = 0; i < set.size(); ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return set.length(x) > set.length(y); });
   Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len, forward_only);
   // Nothing is trained: every tensor is served as FrozenWeights serves frozen ones (the lookup
   // table's rows from the mapped files, each layer converted when the engine enters it).
@@ -82,8 +94,11 @@ Status Run(const EvaluateArgs& a) {
   int64_t done = 0, next_report = std::max<int64_t>(1, batches / 10);
   for (int64_t start = 0; start < set.size(); start += a.batch_size) {
     std::vector<int64_t> rows;
-    for (int64_t i = start; i < std::min(set.size(), start + a.batch_size); ++i) rows.push_back(i);
-    TokenBatch tb = Collate(set, rows);
+    for (int64_t i = start; i < std::min(set.size(), start + a.batch_size); ++i)
+      rows.push_back(order[static_cast<size_t>(i)]);
+    const int64_t longest = set.length(rows.front());
+    TokenBatch tb = Collate(set, rows, data.pad_id, false,
+                            std::min(a.max_seq_len, std::max<int64_t>(8, (longest + 7) / 8 * 8)));
     std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
     ForwardResult r = engine.Forward(
         table, Batch{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T}, &frozen);
@@ -133,6 +148,14 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
                          &a->dataset.response_field, &a->dataset.messages_field,
                          &a->dataset.json_field, &a->dataset.config, &a->dataset_revision);
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--template", a->chat_template,
+                  "How records become text: auto (gemma-chat when the tokenizer has Gemma 4's "
+                  "turn tokens), instruction, gemma-chat, none; use the run's")
+      ->capture_default_str();
+  cmd->add_option("--train-on", a->train_on,
+                  "Tokens the loss covers: auto (responses with gemma-chat, else all), "
+                  "responses, all; use the run's")
+      ->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Sequences per forward pass")
       ->capture_default_str();
   AddDataDirOption(cmd, &a->data_dir);

@@ -84,6 +84,12 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.batch_size_per_device),
                                   "--max-seq-len",
                                   s(o.max_seq_len),
+                                  "--template",
+                                  o.chat_template,
+                                  "--train-on",
+                                  o.train_on,
+                                  "--padding",
+                                  o.padding,
                                   "--topology",
                                   o.topology,
                                   "--accelerator-type",
@@ -136,6 +142,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(a.timeout_ms)};
   if (o.resume) cmd.push_back("--resume");
   if (o.use_rslora) cmd.push_back("--use-rslora");
+  cmd.push_back("--packing=" + o.packing);
+  if (o.group_by_length) cmd.push_back("--group-by-length");
   char linger[32];
   std::snprintf(linger, sizeof(linger), "%.17g", a.dashboard_linger_s);
   cmd.insert(cmd.end(), {"--dashboard-host", a.dashboard_host, "--dashboard-port",
@@ -368,8 +376,31 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                   "Sequences per worker per step")
       ->capture_default_str();
   cmd->add_option("--max-seq-len", o.max_seq_len,
-                  "Tokens per sequence (truncate/pad); the seed uses 512")
+                  "Tokens per row: longer examples are truncated (or split: --packing split); "
+                  "the seed uses 512")
       ->capture_default_str();
+  cmd->add_option("--template", o.chat_template,
+                  "How records become text: auto (gemma-chat when the tokenizer has Gemma 4's "
+                  "<|turn> tokens, else instruction), instruction, gemma-chat, none")
+      ->capture_default_str();
+  cmd->add_option("--train-on", o.train_on,
+                  "Tokens the loss covers: auto (responses with gemma-chat, else all), "
+                  "responses (the model's turns), all")
+      ->capture_default_str();
+  cmd->add_option("--packing", o.packing,
+                  "Examples packed into rows of --max-seq-len tokens, each with its own "
+                  "attention and positions: truncate (longer examples cut), split (cut into "
+                  "pieces), off (one example per row, padded as --padding says)")
+      ->expected(0, 1)
+      ->default_str("truncate")
+      ->capture_default_str();
+  cmd->add_option("--padding", o.padding,
+                  "With --packing off: longest (each batch padded to its longest example, a "
+                  "multiple of 8) or max_length (every row padded to --max-seq-len, the seed's)")
+      ->capture_default_str();
+  cmd->add_flag("--group-by-length", o.group_by_length,
+                "With --packing off: batches of examples of similar length (transformers' "
+                "group_by_length)");
   cmd->add_option("--num-workers", a->num_workers,
                   "Total workers (must match the topology; 0 = the topology's)");
   cmd->add_option("--topology", o.topology, "Slice shape (CPU: D or HxD; TPU-V6E: 4x4 ...)")

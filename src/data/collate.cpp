@@ -11,63 +11,82 @@ StatusOr<int32_t> ResolvePadId(const Tokenizer& tok, const CollateOptions& optio
   return InvalidArgument("the tokenizer has neither a pad nor an eos token; set a pad id");
 }
 
-void AddExample(const Tokenizer& tok, std::string_view text, const CollateOptions& options,
-                int32_t pad_id, TokenizedSet* set) {
+void TokenizedSet::Add(std::span<const int32_t> example_ids,
+                       std::span<const uint8_t> example_trained) {
+  ST_CHECK(example_ids.size() == example_trained.size());
+  ST_CHECK(static_cast<int64_t>(example_ids.size()) <= T) << example_ids.size() << " > " << T;
+  ids.insert(ids.end(), example_ids.begin(), example_ids.end());
+  trained.insert(trained.end(), example_trained.begin(), example_trained.end());
+  offsets.push_back(static_cast<int64_t>(ids.size()));
+  // The first token is never a target (nothing precedes it in its row or its document).
+  if (std::find(example_trained.begin() + (example_trained.empty() ? 0 : 1), example_trained.end(),
+                uint8_t{1}) == example_trained.end())
+    ++untrained;
+}
+
+void AddExample(RenderedExample e, const CollateOptions& options, TokenizedSet* set) {
   const int64_t T = options.max_seq_len;
   ST_CHECK_GE(T, 1);
   set->T = T;
-  std::vector<int32_t> ids = tok.Encode(text, options.add_special_tokens, 0);
-  if (static_cast<int64_t>(ids.size()) > T) {
-    ++set->truncated;
-    ids = tok.Encode(text, options.add_special_tokens, T);
+  const int64_t n = static_cast<int64_t>(e.ids.size());
+  if (n <= T) {
+    set->Add(e.ids, e.trained);
+    return;
   }
-  const int64_t n = static_cast<int64_t>(ids.size()), pad = T - n;
-  set->real_tokens += n;
-  auto pad_block = [&] {
-    set->input_ids.insert(set->input_ids.end(), pad, pad_id);
-    set->mask.insert(set->mask.end(), pad, 0);
-  };
-  if (options.pad_left) pad_block();
-  set->input_ids.insert(set->input_ids.end(), ids.begin(), ids.end());
-  set->mask.insert(set->mask.end(), n, 1);
-  if (!options.pad_left) pad_block();
+  if (!options.split_long) {
+    ++set->truncated;
+    e.Truncate(static_cast<size_t>(T));
+    set->Add(e.ids, e.trained);
+    return;
+  }
+  ++set->split;
+  for (int64_t b = 0; b < n; b += T) {
+    const size_t len = static_cast<size_t>(std::min(T, n - b));
+    set->Add(std::span<const int32_t>(e.ids).subspan(static_cast<size_t>(b), len),
+             std::span<const uint8_t>(e.trained).subspan(static_cast<size_t>(b), len));
+  }
 }
 
-StatusOr<TokenizedSet> TokenizeDataset(const InstructionDataset& ds, const PromptTemplate& tmpl,
-                                       const Tokenizer& tok, const CollateOptions& options,
-                                       DatasetReport* report) {
+StatusOr<TokenizedSet> TokenizeDataset(const InstructionDataset& ds,
+                                       const ExampleRenderer& renderer,
+                                       const CollateOptions& options, DatasetReport* report) {
   if (options.max_seq_len < 1)
     return InvalidArgument(StrCat("max_seq_len must be >= 1, got ", options.max_seq_len));
-  ST_RETURN_IF_ERROR(tmpl.Validate());
-  ST_ASSIGN_OR_RETURN(int32_t pad_id, ResolvePadId(tok, options));
   TokenizedSet set;
   set.T = options.max_seq_len;
+  RenderedExample e;
   ST_RETURN_IF_ERROR(ds.ForEach(
       [&](const InstructionRecord& r) {
-        AddExample(tok, tmpl.Format(r), options, pad_id, &set);
+        ST_RETURN_IF_ERROR(renderer.Render(r, &e).WithContext(
+            StrCat("--template ", TemplateKindName(renderer.kind()), ": record at ",
+                   report && report->unit == "row" ? "row " : "line ", r.line)));
+        AddExample(e, options, &set);
         return Status::Ok();
       },
       report));
   return set;
 }
 
-TokenBatch Collate(const TokenizedSet& set, std::span<const int64_t> rows) {
+TokenBatch Collate(const TokenizedSet& set, std::span<const int64_t> rows, int32_t pad_id,
+                   bool pad_left, int64_t T) {
   TokenBatch b;
   b.B = static_cast<int64_t>(rows.size());
-  b.T = set.T;
-  b.input_ids.resize(b.B * b.T);
-  b.attention_mask.resize(b.B * b.T);
-  b.labels.resize(b.B * b.T);
+  b.T = T > 0 ? T : set.T;
+  b.input_ids.assign(b.B * b.T, pad_id);
+  b.attention_mask.assign(b.B * b.T, 0);
+  b.labels.assign(b.B * b.T, kIgnoreIndex);
   for (int64_t i = 0; i < b.B; ++i) {
     ST_CHECK(rows[i] >= 0 && rows[i] < set.size()) << "row " << rows[i] << " of " << set.size();
-    const int64_t src = rows[i] * set.T, dst = i * b.T;
-    for (int64_t t = 0; t < b.T; ++t) {
-      const int32_t id = set.input_ids[src + t];
-      const bool real = set.mask[src + t] != 0;
+    const int64_t n = set.length(rows[i]), src = set.offsets[rows[i]];
+    ST_CHECK(n <= b.T) << "example of " << n << " tokens in a row of " << b.T;
+    const int64_t dst = i * b.T + (pad_left ? b.T - n : 0);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t id = set.ids[src + t];
       b.input_ids[dst + t] = id;
-      b.attention_mask[dst + t] = real ? 1 : 0;
-      b.labels[dst + t] = real ? id : kIgnoreIndex;
+      b.attention_mask[dst + t] = 1;
+      b.labels[dst + t] = set.trained[src + t] ? id : kIgnoreIndex;
     }
+    b.real_tokens += n;
   }
   return b;
 }

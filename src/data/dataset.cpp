@@ -468,7 +468,8 @@ Status PromptTemplate::Validate() const {
   return Status::Ok();
 }
 
-std::string PromptTemplate::Format(const InstructionRecord& r) const {
+std::string PromptTemplate::Format(const InstructionRecord& r, std::vector<CharSpan>* responses,
+                                   size_t base) const {
   if (!r.messages.empty()) {
     // One exchange per assistant turn: the user turns before it are the instruction, a system
     // turn the context.
@@ -480,7 +481,7 @@ std::string PromptTemplate::Format(const InstructionRecord& r) const {
       } else if (m.role == "assistant") {
         x.response = m.content;
         if (!out.empty()) out += "\n";
-        out += Format(x);
+        out += Format(x, responses, base + out.size());
         x = InstructionRecord{};
       } else {
         x.instruction += (x.instruction.empty() ? "" : "\n") + m.content;
@@ -506,8 +507,11 @@ std::string PromptTemplate::Format(const InstructionRecord& r) const {
           out += r.instruction;
         else if (name == "context")
           out += r.context;
-        else if (name == "response")
+        else if (name == "response") {
+          if (responses)
+            responses->push_back({base + out.size(), base + out.size() + r.response.size()});
           out += r.response;
+        }
         i = close;
         continue;
       }

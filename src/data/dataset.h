@@ -135,8 +135,14 @@ struct PromptTemplate {
 
   Status Validate() const;  // unknown placeholders or unbalanced braces
   // A conversation becomes one prompt per (user, assistant) exchange, joined by newlines, with a
-  // system turn as the context of the exchange that follows it (chat templates: [packing]).
-  std::string Format(const InstructionRecord& r) const;
+  // system turn as the context of the exchange that follows it (the model's own chat format is
+  // data/chat_template.h's). responses, when given, receives the byte range of every response in
+  // the result (offset by base).
+  struct CharSpan {
+    size_t begin = 0, end = 0;
+  };
+  std::string Format(const InstructionRecord& r, std::vector<CharSpan>* responses = nullptr,
+                     size_t base = 0) const;
 };
 
 }  // namespace st

@@ -51,12 +51,16 @@ ProgressReporter::ProgressReporter(int rank, std::string mode, int64_t num_epoch
 void ProgressReporter::Setup(const SetupSummary& s) const {
   if (rank_ != 0) return;
   std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", s.world);
+  std::string split;
+  if (s.split > 0) split = StrCat(", ", s.split, " split into pieces");
   std::printf(
-      "Data: %s; %lld examples of %lld tokens (%lld truncated); %lld steps per epoch of "
-      "%d x %lld; lr=%g; %.2f M trainable parameters, %.2f M frozen\n",
-      s.data.c_str(), (long long)s.examples, (long long)s.max_seq_len, (long long)s.truncated,
-      (long long)s.steps_per_epoch, s.world, (long long)s.batch_size_per_device, s.lr,
-      s.trainable_parameters / 1e6, s.frozen_parameters / 1e6);
+      "Data: %s; %lld examples of up to %lld tokens (mean %.1f; %lld truncated%s); %s; %lld "
+      "steps per epoch of %d x %lld; lr=%g; %.2f M trainable parameters, %.2f M frozen\n",
+      s.data.c_str(), (long long)s.examples, (long long)s.max_seq_len,
+      s.examples > 0 ? static_cast<double>(s.tokens) / static_cast<double>(s.examples) : 0.0,
+      (long long)s.truncated, split.c_str(), s.layout.c_str(), (long long)s.steps_per_epoch,
+      s.world, (long long)s.batch_size_per_device, s.lr, s.trainable_parameters / 1e6,
+      s.frozen_parameters / 1e6);
   if (!s.adapters.empty()) {
     const double all = static_cast<double>(s.trainable_parameters + s.frozen_parameters);
     std::printf("%s: trainable params: %lld || all params: %.0f || trainable%%: %.4f\n",
@@ -78,9 +82,11 @@ void ProgressReporter::Start(const RunInfo& run) {
 void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int64_t steps_run,
                             double elapsed_s, double lr, StepResult step) {
   if (rank_ != 0) return;
+  // Positions computed since the epoch (or the resume) started: batches vary in shape.
+  if (steps_run <= 1) epoch_tokens_ = 0;
+  for (const WorkerSample& w : step.samples) epoch_tokens_ += w.tokens;
   ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
-               state.epoch_loss_sum / state.step_in_epoch, tokens_per_step_ * steps_run / elapsed_s,
-               elapsed_s);
+               state.epoch_loss_sum / state.step_in_epoch, epoch_tokens_ / elapsed_s, elapsed_s);
   if (!observer_) return;
   StepMetrics sm = SummariseStep(std::move(step.samples), step.loss, lr, step.grad_norm,
                                  tokens_per_step_, trainable_parameters_);

@@ -18,6 +18,9 @@ namespace st {
 struct SetupSummary {
   std::string data;  // DatasetReport::Summary()
   int64_t examples = 0, max_seq_len = 0, truncated = 0, steps_per_epoch = 0;
+  int64_t tokens = 0, split = 0;  // the examples' tokens; examples split into pieces
+  // "template gemma-chat, loss on responses; packed into rows of 512 tokens"
+  std::string layout;
   int world = 1;
   int64_t batch_size_per_device = 0;
   double lr = 0;
@@ -59,6 +62,7 @@ class ProgressReporter {
   int64_t num_epochs_;
   TrainingObserver* observer_;
   int64_t tokens_per_step_ = 0, trainable_parameters_ = 0;
+  double epoch_tokens_ = 0;    // rank 0: positions computed by all ranks in this epoch so far
   std::string final_metrics_;  // the seed's dict of the last epoch
 };
 

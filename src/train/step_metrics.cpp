@@ -32,8 +32,8 @@ std::string GetText(const float* in, int n) {
 }  // namespace
 
 std::array<float, WorkerSample::kFloats> WorkerSample::Pack() const {
-  return {step_s,  data_s,  comm_wait_s,  compute_s, real_tokens,
-          grad_sq, rss_mib, peak_rss_mib, comm_mib,  comm_s};
+  return {step_s,  data_s,       comm_wait_s, compute_s, real_tokens, grad_sq,
+          rss_mib, peak_rss_mib, comm_mib,    comm_s,    tokens};
 }
 
 WorkerSample WorkerSample::Unpack(const float* f) {
@@ -48,6 +48,7 @@ WorkerSample WorkerSample::Unpack(const float* f) {
   s.peak_rss_mib = f[7];
   s.comm_mib = f[8];
   s.comm_s = f[9];
+  s.tokens = f[10];
   return s;
 }
 
@@ -117,7 +118,7 @@ StepMetrics SummariseStep(std::vector<WorkerSample> samples, double loss, double
   s.loss = loss;
   s.lr = lr;
   s.tokens = tokens;
-  double grad_sq = 0, real = 0;
+  double grad_sq = 0, real = 0, computed = 0;
   for (const WorkerSample& w : samples) {
     s.step_s = std::max(s.step_s, static_cast<double>(w.step_s));
     s.compute_s += w.compute_s;
@@ -127,7 +128,11 @@ StepMetrics SummariseStep(std::vector<WorkerSample> samples, double loss, double
     s.comm_s += w.comm_s;
     grad_sq += w.grad_sq;
     real += w.real_tokens;
+    computed += w.tokens;
   }
+  // The ranks' own counts (batches vary in shape with dynamic padding and packing); `tokens`
+  // when they have none.
+  if (computed > 0) s.tokens = tokens = static_cast<int64_t>(std::llround(computed));
   const double n = std::max<size_t>(1, samples.size());
   s.compute_s /= n;
   s.comm_wait_s /= n;
@@ -161,6 +166,7 @@ nlohmann::json ToJson(const StepMetrics& s) {
                        {"comm_wait_s", w.comm_wait_s},
                        {"data_s", w.data_s},
                        {"real_tokens", w.real_tokens},
+                       {"tokens", w.tokens},
                        {"rss_mib", w.rss_mib},
                        {"peak_rss_mib", w.peak_rss_mib},
                        {"comm_mib", w.comm_mib},

@@ -36,7 +36,8 @@ struct WorkerSample {
   float peak_rss_mib = 0;  // VmHWM: the process's peak so far
   float comm_mib = 0;      // collective buffer MiB this step (dist::CollectiveTotals)
   float comm_s = 0;        // seconds inside collectives this step (comm thread included)
-  static constexpr int kFloats = 10;
+  float tokens = 0;        // positions the rank computed: its batch's B x T, padding included
+  static constexpr int kFloats = 11;
   std::array<float, kFloats> Pack() const;
   static WorkerSample Unpack(const float* f);
 };
@@ -52,8 +53,8 @@ struct StepMetrics {
   double grad_norm = 0;                               // global L2 norm before clipping
   double step_s = 0;                                  // slowest rank
   double compute_s = 0, comm_wait_s = 0, data_s = 0;  // mean over ranks
-  int64_t tokens = 0;                                 // padded tokens of the global batch
-  int64_t real_tokens = 0;                            // non-padding tokens of the global batch
+  int64_t tokens = 0;       // positions computed in the global batch (padding included)
+  int64_t real_tokens = 0;  // non-padding tokens of the global batch
   double tokens_per_s = 0, real_tokens_per_s = 0;
   double model_flops_per_s = 0;       // 6 x trainable parameters x tokens / step_s
   double comm_mib = 0, comm_s = 0;    // summed over ranks
@@ -75,7 +76,7 @@ struct RunInfo {
   int world_size = 1;
   int64_t num_epochs = 0, first_epoch = 0, steps_per_epoch = 0;
   int64_t resumed_step = 0;          // the global step of the checkpoint resumed from (0: none)
-  int64_t tokens_per_step = 0;       // padded, global
+  int64_t tokens_per_step = 0;       // at most: world x batch x max_seq_len
   int64_t trainable_parameters = 0;  // for model FLOP/s
   std::vector<WorkerInfo> workers;   // [world]
 };

@@ -5,19 +5,25 @@
 
 namespace st {
 
-StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
-                               std::span<const int64_t> rows, TrainState& state) {
+StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set, const StepRows& rows,
+                               const BatchingOptions& batching, TrainState& state) {
   // Step metrics: data / compute / comm-wait split and collective totals, measured here and in
   // FsdpModel without changing what is computed or the order of collectives.
   using Clock = std::chrono::steady_clock;
   const auto s0 = Clock::now();
   const dist::CollectiveTotals c0 = p.pg.totals();
   const double wait0 = p.fsdp.CommWaitSeconds();
-  TokenBatch tb = Collate(set, rows);
+  const TokenBatch tb = CollateStep(set, rows, batching);
   std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());  // [B, T]
-  const Batch b{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T};
+  const Batch b{tb.input_ids.data(),
+                mask.data(),
+                tb.labels.data(),
+                tb.B,
+                tb.T,
+                tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
   StepResult out;
-  for (uint8_t v : mask) out.real_tokens += v;
+  out.real_tokens = tb.real_tokens;
+  out.tokens = tb.B * tb.T;
   const auto s1 = Clock::now();
   p.fsdp.ZeroGrad();
   // Dropout masks differ per step and per rank (each rank's batch is different data), and are
@@ -48,6 +54,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   mine.comm_wait_s = static_cast<float>(p.fsdp.CommWaitSeconds() - wait0 + clip_s);
   mine.compute_s = std::max(0.0f, mine.step_s - mine.data_s - mine.comm_wait_s);
   mine.real_tokens = static_cast<float>(out.real_tokens);
+  mine.tokens = static_cast<float>(out.tokens);
   mine.rss_mib = static_cast<float>(mem.rss_mib);
   mine.peak_rss_mib = static_cast<float>(mem.peak_mib);
   mine.comm_mib = static_cast<float>((c1.bytes - c0.bytes) / 1048576.0);

@@ -1,6 +1,6 @@
 // One optimizer step on one batch, on every rank: collate the rank's rows, forward and backward
 // through FSDP, clip by the global norm when asked, the AdamW step, and the step's measurements
-// gathered from every rank (step_metrics.h). Not the data order (EpochBatches), nor what is
+// gathered from every rank (step_metrics.h). Not the data order (data/batching.h), nor what is
 // printed, observed or checkpointed after a step (the trainer's epoch loop).
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "data/collate.h"
+#include "data/batching.h"
 #include "dist/process_group.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
@@ -34,13 +34,16 @@ struct StepResult {
   double loss = 0;          // the global batch's mean token loss
   double grad_norm = -1;    // the global norm when clipping, else -1 (SummariseStep sums grad_sq)
   int64_t real_tokens = 0;  // attention-mask ones of this rank's batch
+  int64_t tokens = 0;       // positions of this rank's batch (B x T, padding included)
   std::vector<WorkerSample> samples;  // [world]: every rank's measurements of the step
 };
 
-// Runs the step on `rows` of `set` and advances `state` (global_step, step_in_epoch,
-// epoch_loss_sum). Collectives, the same on every rank: FsdpModel::ForwardBackward's, one
-// all-reduce when clipping, then one all-gather of the samples after the optimizer step.
+// Runs the step on `rows` of `set` (batched as `batching` says) and advances `state`
+// (global_step, step_in_epoch, epoch_loss_sum). Collectives, the same on every rank:
+// FsdpModel::ForwardBackward's, one all-reduce when clipping, then one all-gather of the samples
+// after the optimizer step.
 StatusOr<StepResult> TrainStep(const StepParts& parts, const TokenizedSet& set,
-                               std::span<const int64_t> rows, TrainState& state);
+                               const StepRows& rows, const BatchingOptions& batching,
+                               TrainState& state);
 
 }  // namespace st

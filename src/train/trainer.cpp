@@ -31,26 +31,11 @@ namespace st {
 
 namespace fs = std::filesystem;
 
-std::vector<std::vector<int64_t>> EpochBatches(int64_t n, int world, int rank, int64_t batch,
-                                               uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> perm(n);
-  for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(epoch) + 1);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.Below(i + 1)]);
-  const int64_t total = (n + world - 1) / world * world;
-  for (int64_t i = n; i < total; ++i) perm.push_back(perm[i - n]);  // pad with the head
-  std::vector<int64_t> mine;
-  for (int64_t i = rank; i < total; i += world) mine.push_back(perm[i]);
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t s = 0; s + batch <= static_cast<int64_t>(mine.size()); s += batch)
-    out.emplace_back(mine.begin() + s, mine.begin() + s + batch);
-  return out;
-}
-
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
                                               const std::string& tokenizer_flag, DatasetOptions dso,
-                                              int64_t max_seq_len, const std::string& data_dir) {
+                                              int64_t max_seq_len, const std::string& data_dir,
+                                              const TextOptions& text) {
   std::error_code ec;
   const std::string tok_dir = !tokenizer_flag.empty()          ? tokenizer_flag
                               : fs::is_directory(model_id, ec) ? model_id
@@ -67,9 +52,36 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
   ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
   CollateOptions co;
   co.max_seq_len = max_seq_len;
-  DatasetReport report;
-  ST_ASSIGN_OR_RETURN(TokenizedSet set, TokenizeDataset(ds, PromptTemplate{}, tok, co, &report));
-  return InstructionData{tok_dir, std::move(tok), std::move(set), std::move(report)};
+  co.split_long = text.split_long;
+  ST_ASSIGN_OR_RETURN(const int32_t pad_id, ResolvePadId(tok, co));
+  InstructionData data{tok_dir, std::move(tok), TokenizedSet{}, DatasetReport{}};
+  ST_ASSIGN_OR_RETURN(ExampleRenderer renderer,
+                      ExampleRenderer::Create(data.tokenizer, text.kind, text.train_on));
+  ST_ASSIGN_OR_RETURN(data.examples, TokenizeDataset(ds, renderer, co, &data.report));
+  data.kind = renderer.kind();
+  data.train_on = renderer.train_on();
+  data.pad_id = pad_id;
+  return data;
+}
+
+TextOptions TextOf(const FinetuneOptions& o) {
+  TextOptions t;  // the flags parse: ValidateFinetuneOptions checked them
+  t.kind = ParseTemplateKind(o.chat_template).value();
+  t.train_on = ParseTrainOn(o.train_on).value();
+  t.split_long = o.packing == "split";
+  return t;
+}
+
+BatchingOptions BatchingOf(const FinetuneOptions& o, int32_t pad_id) {
+  BatchingOptions b;
+  b.max_seq_len = o.max_seq_len;
+  b.batch_size = o.batch_size_per_device;
+  b.packing = o.packing != "off";
+  b.padding = o.padding == "max_length" ? PaddingMode::kMaxLength : PaddingMode::kLongest;
+  b.group_by_length = o.group_by_length;
+  b.pad_id = pad_id;
+  b.seed = o.seed;
+  return b;
 }
 
 DatasetOptions DatasetOf(const FinetuneOptions& o) {
@@ -101,6 +113,17 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     return InvalidArgument("--fsdp-units must be 'mlp' or 'layer', got '" + o.fsdp_units + "'");
   if (o.activation_checkpointing != "auto")
     ST_RETURN_IF_ERROR(ParseActivationCheckpointing(o.activation_checkpointing).status());
+  ST_RETURN_IF_ERROR(ParseTemplateKind(o.chat_template).status());
+  ST_RETURN_IF_ERROR(ParseTrainOn(o.train_on).status());
+  if (o.packing != "truncate" && o.packing != "split" && o.packing != "off")
+    return InvalidArgument("--packing must be truncate (the default), split or off, got '" +
+                           o.packing + "'");
+  if (o.padding != "longest" && o.padding != "max_length")
+    return InvalidArgument("--padding must be longest or max_length, got '" + o.padding + "'");
+  if (o.packing != "off" && (o.padding != "longest" || o.group_by_length))
+    return InvalidArgument(
+        "--padding and --group-by-length apply to unpacked rows: add --packing off (packing is "
+        "on by default)");
   if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
@@ -156,6 +179,7 @@ struct RunInputs {
   LoadedModel model;
   bool from_dir = false;  // --model-id is a model directory (default lr 2e-5), not a preset
   InstructionData data;
+  BatchingOptions batching;
   int64_t steps_per_epoch = 0;
   Trainable trainable;
 };
@@ -166,15 +190,18 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   const bool from_dir = fs::is_directory(o.model_id);
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(m.config, o.model_id, o.tokenizer, DatasetOf(o),
-                                          o.max_seq_len, o.data_dir));
+                                          o.max_seq_len, o.data_dir, TextOf(o)));
   const TokenizedSet& set = data.examples;
-  const int64_t steps_per_epoch = static_cast<int64_t>(
-      EpochBatches(set.size(), world, rank, o.batch_size_per_device, o.seed, 0).size());
+  const BatchingOptions batching = BatchingOf(o, data.pad_id);
+  // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
+  const int64_t steps_per_epoch =
+      static_cast<int64_t>(PlanEpoch(set, batching, world, rank, 0).size());
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
                                   " workers x --batch-size-per-device ", o.batch_size_per_device));
   ST_ASSIGN_OR_RETURN(Trainable trainable, TrainableTensors(m.registry, o.freeze));
-  return RunInputs{std::move(m), from_dir, std::move(data), steps_per_epoch, std::move(trainable)};
+  return RunInputs{std::move(m), from_dir,        std::move(data),
+                   batching,     steps_per_epoch, std::move(trainable)};
 }
 
 // Where the run writes: <storage>/<run name>. Rank 0 creates it and clears the pending
@@ -249,8 +276,8 @@ class Trainer {
  private:
   Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
           const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
-  Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t skip,
-                  int64_t real_tokens);
+  Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t real_tokens,
+                  int64_t tokens);
   SetupSummary Summary() const;
   // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
   int64_t TrainableParameters() const {
@@ -313,6 +340,17 @@ SetupSummary Trainer::Summary() const {
   s.examples = in_.data.examples.size();
   s.max_seq_len = o_.max_seq_len;
   s.truncated = in_.data.examples.truncated;
+  s.tokens = in_.data.examples.tokens();
+  s.split = in_.data.examples.split;
+  const BatchingOptions& b = in_.batching;
+  s.layout = StrCat("template ", TemplateKindName(in_.data.kind), ", loss on ",
+                    TrainOnName(in_.data.train_on), "; ",
+                    b.packing ? StrCat("packed into rows of ", b.max_seq_len, " tokens")
+                    : b.padding == PaddingMode::kMaxLength
+                        ? StrCat("padded to ", b.max_seq_len)
+                        : std::string(b.group_by_length ? "padded to the batch's longest, "
+                                                          "grouped by length"
+                                                        : "padded to the batch's longest"));
   s.steps_per_epoch = in_.steps_per_epoch;
   s.world = world_;
   s.batch_size_per_device = o_.batch_size_per_device;
@@ -351,7 +389,10 @@ CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
   c.run_state = {{"seed", o_.seed},
                  {"model_id", o_.model_id},
                  {"fsdp_units", o_.fsdp_units},
-                 {"dataset_split", o_.dataset_split}};
+                 {"dataset_split", o_.dataset_split},
+                 {"template", TemplateKindName(in_.data.kind)},
+                 {"packing", o_.packing},
+                 {"padding", o_.padding}};
   return c;
 }
 
@@ -379,40 +420,43 @@ StatusOr<TrainState> Trainer::Start() {
 
 Status Trainer::RunEpoch(TrainState& state) {
   const auto t0 = Clock::now();
-  const auto batches = EpochBatches(in_.data.examples.size(), world_, rank_,
-                                    o_.batch_size_per_device, o_.seed, state.epoch);
-  const int64_t steps = static_cast<int64_t>(batches.size());
+  const std::vector<StepRows> plan =
+      PlanEpoch(in_.data.examples, in_.batching, world_, rank_, state.epoch);
+  const int64_t steps = static_cast<int64_t>(plan.size());
   // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time and
   // throughput then cover the steps run since.
   const int64_t skip = state.step_in_epoch;
-  int64_t real_tokens = 0;
+  int64_t real_tokens = 0, tokens = 0;
   const StepParts parts{engine_, fsdp_, adam_, o_.max_grad_norm, pg_, collective_, o_.seed};
   for (int64_t i = skip; i < steps; ++i) {
-    ST_ASSIGN_OR_RETURN(StepResult step, TrainStep(parts, in_.data.examples,
-                                                   batches[static_cast<size_t>(i)], state));
+    ST_ASSIGN_OR_RETURN(
+        StepResult step,
+        TrainStep(parts, in_.data.examples, plan[static_cast<size_t>(i)], in_.batching, state));
     real_tokens += step.real_tokens;
+    tokens += step.tokens;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     reporter_.Step(state, steps, state.step_in_epoch - skip, elapsed, adam_.lr, std::move(step));
     if (o_.save_steps > 0 && state.step_in_epoch % o_.save_steps == 0 &&
         state.step_in_epoch < steps)
       ST_RETURN_IF_ERROR(checkpointer_->SaveInsideEpoch(state));
   }
-  return EndEpoch(state, t0, steps, skip, real_tokens);
+  return EndEpoch(state, t0, steps, real_tokens, tokens);
 }
 
-// The epoch's figures (the real-token count all-reduced), its line, then its checkpoint.
-Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t skip,
-                         int64_t real_tokens) {
-  float real = static_cast<float>(real_tokens);
-  ST_RETURN_IF_ERROR(pg_.AllReduce(&real, 1, DType::kF32, dist::ReduceOp::kSum, collective_));
+// The epoch's figures (the token counts all-reduced), its line, then its checkpoint.
+Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps,
+                         int64_t real_tokens, int64_t tokens) {
+  float counts[2] = {static_cast<float>(real_tokens), static_cast<float>(tokens)};
+  ST_RETURN_IF_ERROR(pg_.AllReduce(counts, 2, DType::kF32, dist::ReduceOp::kSum, collective_));
   EpochMetrics em;
   em.epoch_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   em.epoch = state.epoch + 1;
   em.global_step = state.global_step;
   em.loss = state.epoch_loss_sum / static_cast<double>(steps);
-  em.tokens_per_s = static_cast<double>(steps - skip) * o_.batch_size_per_device * world_ *
-                    o_.max_seq_len / em.epoch_time_s;
-  em.real_tokens_per_s = real / em.epoch_time_s;
+  // The seed's tokens/s: positions computed, padding included (with max_length padding, batch x
+  // world x max_seq_len per step); real tokens/s counts only the examples' tokens.
+  em.tokens_per_s = counts[1] / em.epoch_time_s;
+  em.real_tokens_per_s = counts[0] / em.epoch_time_s;
   reporter_.Epoch(em);
   state = TrainState{state.epoch + 1, state.global_step, 0, 0};
   return checkpointer_->SaveEpoch(state, em);

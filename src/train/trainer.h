@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/batching.h"
+#include "data/chat_template.h"
 #include "data/collate.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -41,6 +43,14 @@ struct FinetuneOptions {
   int64_t num_epochs = 3;
   int64_t batch_size_per_device = 4;
   int64_t max_seq_len = 64;
+  // How records become rows (data/chat_template.h, data/batching.h): --template
+  // (auto|instruction|gemma-chat|none), --train-on (auto|responses|all), --packing (truncate |
+  // split | off), and with --packing off --padding (longest | max_length) and --group-by-length.
+  std::string chat_template = "auto";
+  std::string train_on = "auto";
+  std::string packing = "truncate";
+  std::string padding = "longest";
+  bool group_by_length = false;
   std::string topology = "2";
   std::string accelerator_type = "CPU";
   std::string storage_path;  // "" = $STORAGE_PATH, else ./runs
@@ -90,17 +100,33 @@ std::optional<PeftAdapterConfig> AdapterConfigOf(const FinetuneOptions& o);
 // nothing without one.
 Status ApplyLora(const FinetuneOptions& o, LoadedModel* model);
 
+// How records become token sequences: the template, what the loss covers, and whether examples
+// longer than max_seq_len are cut (the default) or split.
+struct TextOptions {
+  TemplateKind kind = TemplateKind::kAuto;
+  TrainOn train_on = TrainOn::kAuto;
+  bool split_long = false;
+};
+
 struct InstructionData {
   std::string tokenizer_dir;
   Tokenizer tokenizer;
   TokenizedSet examples;
   DatasetReport report;
+  TemplateKind kind = TemplateKind::kInstruction;  // resolved (never kAuto)
+  TrainOn train_on = TrainOn::kAll;                // resolved
+  int32_t pad_id = 0;
 };
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
                                               const std::string& tokenizer_flag,
                                               DatasetOptions dataset, int64_t max_seq_len,
-                                              const std::string& data_dir);
+                                              const std::string& data_dir,
+                                              const TextOptions& text = {});
+
+// The text and batching options of a run's flags (checked by ValidateFinetuneOptions).
+TextOptions TextOf(const FinetuneOptions& options);
+BatchingOptions BatchingOf(const FinetuneOptions& options, int32_t pad_id);
 
 // The data set of a run's flags: --dataset, --dataset-split and the field names.
 DatasetOptions DatasetOf(const FinetuneOptions& options);
@@ -116,11 +142,5 @@ Status RunFinetune(const FinetuneOptions& options, dist::ProcessGroup& pg,
 
 // The options as JSON (the run's flags on the dashboard and in run.json).
 nlohmann::json FinetuneOptionsJson(const FinetuneOptions& options);
-
-// DistributedSampler(shuffle=True, drop_last=False) + DataLoader(drop_last=True): the example
-// indices of rank's batches in an epoch, reshuffled from (seed, epoch); the permutation is padded
-// with its head to a multiple of world, and the last partial batch is dropped.
-std::vector<std::vector<int64_t>> EpochBatches(int64_t num_examples, int world, int rank,
-                                               int64_t batch, uint64_t seed, int64_t epoch);
 
 }  // namespace st

@@ -1,0 +1,194 @@
+#include "data/chat_template.h"
+
+#include <algorithm>
+
+#include "data/utf8.h"
+
+namespace st {
+
+StatusOr<TemplateKind> ParseTemplateKind(std::string_view name) {
+  if (name == "auto") return TemplateKind::kAuto;
+  if (name == "instruction") return TemplateKind::kInstruction;
+  if (name == "gemma-chat") return TemplateKind::kGemmaChat;
+  if (name == "none") return TemplateKind::kNone;
+  return InvalidArgument(
+      StrCat("--template must be auto, instruction, gemma-chat or none, got '", name, "'"));
+}
+
+const char* TemplateKindName(TemplateKind kind) {
+  switch (kind) {
+    case TemplateKind::kAuto:
+      return "auto";
+    case TemplateKind::kInstruction:
+      return "instruction";
+    case TemplateKind::kGemmaChat:
+      return "gemma-chat";
+    case TemplateKind::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+StatusOr<TrainOn> ParseTrainOn(std::string_view name) {
+  if (name == "auto") return TrainOn::kAuto;
+  if (name == "responses") return TrainOn::kResponses;
+  if (name == "all") return TrainOn::kAll;
+  return InvalidArgument(StrCat("--train-on must be auto, responses or all, got '", name, "'"));
+}
+
+const char* TrainOnName(TrainOn t) {
+  switch (t) {
+    case TrainOn::kAuto:
+      return "auto";
+    case TrainOn::kResponses:
+      return "responses";
+    case TrainOn::kAll:
+      return "all";
+  }
+  return "?";
+}
+
+std::string_view StripPythonWhitespace(std::string_view s) {
+  auto space = [](uint32_t c) { return IsWhitespace(c) || (c >= 0x1C && c <= 0x1F); };
+  size_t b = 0, e = s.size();
+  while (b < e && space(DecodeUtf8At(s, b))) b += static_cast<size_t>(Utf8Len(s[b]));
+  while (e > b) {
+    const size_t p = PrevCharStart(s, e);
+    if (!space(DecodeUtf8At(s, p))) break;
+    e = p;
+  }
+  return s.substr(b, e - b);
+}
+
+void RenderedExample::Truncate(size_t n) {
+  if (ids.size() <= n) return;
+  const size_t keep_tail = tail < n ? tail : 0;
+  std::move(ids.end() - static_cast<std::ptrdiff_t>(keep_tail), ids.end(),
+            ids.begin() + static_cast<std::ptrdiff_t>(n - keep_tail));
+  std::move(trained.end() - static_cast<std::ptrdiff_t>(keep_tail), trained.end(),
+            trained.begin() + static_cast<std::ptrdiff_t>(n - keep_tail));
+  ids.resize(n);
+  trained.resize(n);
+}
+
+namespace {
+
+size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+}  // namespace
+
+StatusOr<ExampleRenderer> ExampleRenderer::Create(const Tokenizer& tok, TemplateKind kind,
+                                                  TrainOn train_on, const PromptTemplate& prompt) {
+  ExampleRenderer r;
+  r.tok_ = &tok;
+  r.prompt_ = prompt;
+  const std::optional<int32_t> open = tok.TokenToId("<|turn>"), close = tok.TokenToId("<turn|>");
+  if (kind == TemplateKind::kAuto)
+    kind =
+        open && close && tok.bos_id() >= 0 ? TemplateKind::kGemmaChat : TemplateKind::kInstruction;
+  if (kind == TemplateKind::kGemmaChat) {
+    if (!open || !close || tok.bos_id() < 0)
+      return InvalidArgument(
+          "--template gemma-chat needs a tokenizer with the tokens <bos>, <|turn> and <turn|> "
+          "(Gemma 4's); this one lacks them: use --template instruction");
+    r.turn_open_ = *open;
+    r.turn_close_ = *close;
+    r.bos_ = tok.bos_id();
+  }
+  if (kind == TemplateKind::kNone) {
+    r.prompt_.plain = "{instruction}\n{response}";
+    r.prompt_.with_context = "{instruction}\n{context}\n{response}";
+  }
+  ST_RETURN_IF_ERROR(r.prompt_.Validate());
+  r.kind_ = kind;
+  r.train_on_ = train_on != TrainOn::kAuto         ? train_on
+                : kind == TemplateKind::kGemmaChat ? TrainOn::kResponses
+                                                   : TrainOn::kAll;
+  return r;
+}
+
+Status ExampleRenderer::Render(const InstructionRecord& r, RenderedExample* out) const {
+  out->ids.clear();
+  out->trained.clear();
+  out->tail = 0;
+  if (kind_ == TemplateKind::kGemmaChat) return RenderChat(r, out);
+  RenderText(r, out);
+  return Status::Ok();
+}
+
+Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* out) const {
+  std::vector<ChatMessage> pair;
+  const std::vector<ChatMessage>* messages = &r.messages;
+  if (r.messages.empty()) {
+    const bool context = !StripPythonWhitespace(r.context).empty();
+    pair = {{"user", context ? r.instruction + "\n\n" + r.context : r.instruction},
+            {"assistant", r.response}};
+    messages = &pair;
+  }
+  const bool all = train_on_ == TrainOn::kAll;
+  auto add = [&](int32_t id, bool trained) {
+    out->ids.push_back(id);
+    out->trained.push_back(trained ? 1 : 0);
+  };
+  std::vector<int32_t> head, whole;
+  add(bos_, all);
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const ChatMessage& m = (*messages)[i];
+    if (m.role == "system" && i != 0)
+      return InvalidArgument(
+          StrCat("message ", i + 1,
+                 " is a system turn; Gemma's chat template takes one only as the first message "
+                 "(move it first, or use --template instruction)"));
+    const bool model = m.role == "assistant";
+    const std::string header = (model ? std::string("model") : m.role) + "\n";
+    add(turn_open_, all);
+    whole = tok_->Encode(header + std::string(StripPythonWhitespace(m.content)), false);
+    // The trained part starts at the first token that covers content (a token that merged the
+    // header's last characters with the content's first counts, as in transformers' masks).
+    size_t first = whole.size();
+    if (model && !all) {
+      head = tok_->Encode(header, false);
+      first = CommonPrefix(whole, head);
+    }
+    for (size_t j = 0; j < whole.size(); ++j) add(whole[j], all || j >= first);
+    add(turn_close_, all || model);
+    for (int32_t id : tok_->Encode("\n", false)) add(id, all);
+  }
+  return Status::Ok();
+}
+
+void ExampleRenderer::RenderText(const InstructionRecord& r, RenderedExample* out) const {
+  std::vector<PromptTemplate::CharSpan> spans;
+  const std::string text = prompt_.Format(r, train_on_ == TrainOn::kAll ? nullptr : &spans);
+  std::vector<int32_t> prefix, suffix;
+  tok_->SpecialsAround(&prefix, &suffix);
+  const std::vector<int32_t> plain = tok_->Encode(text, false);
+  std::vector<uint8_t> trained(plain.size(), train_on_ == TrainOn::kAll ? 1 : 0);
+  // The tokens that overlap each response's bytes: where the text's tokens and those of the text
+  // cut at the boundary part ways (a token across the boundary belongs to the response).
+  for (const PromptTemplate::CharSpan& s : spans) {
+    const std::vector<int32_t> to_begin =
+        tok_->Encode(std::string_view(text).substr(0, s.begin), false);
+    const std::vector<int32_t> to_end =
+        tok_->Encode(std::string_view(text).substr(0, s.end), false);
+    const size_t b = CommonPrefix(plain, to_begin);
+    size_t e = CommonPrefix(plain, to_end);
+    if (e < to_end.size()) ++e;
+    for (size_t j = b; j < std::min(e, plain.size()); ++j) trained[j] = 1;
+  }
+  const uint8_t special = train_on_ == TrainOn::kAll ? 1 : 0;
+  out->ids = prefix;
+  out->trained.assign(prefix.size(), special);
+  out->ids.insert(out->ids.end(), plain.begin(), plain.end());
+  out->trained.insert(out->trained.end(), trained.begin(), trained.end());
+  out->ids.insert(out->ids.end(), suffix.begin(), suffix.end());
+  out->trained.insert(out->trained.end(), suffix.size(), special);
+  out->tail = suffix.size();
+}
+
+}  // namespace st

@@ -1,0 +1,85 @@
+// How an instruction record becomes training tokens (--template) and which of them the loss
+// covers (--train-on).
+//
+// - gemma-chat: Gemma 4's chat format, token for token what transformers' apply_chat_template
+//   renders for the Gemma 4 tokenizer (tests/fixtures/chat, tools/make_chat_fixtures.py):
+//     <bos><|turn>system\n{text}<turn|>\n<|turn>user\n{text}<turn|>\n<|turn>model\n{text}<turn|>\n
+//   with `assistant` written as `model` and every content stripped of surrounding whitespace as
+//   Python's str.strip does. The control tokens are emitted as ids, never parsed from text, and
+//   the text between them is tokenized piece by piece (what a tokenizer that splits on its added
+//   tokens does to the whole string). A Dolly/Alpaca record is the conversation
+//   [user: instruction, or instruction + "\n\n" + context; model: response].
+// - instruction: slicetrain's plain prompt (PromptTemplate: "Instruction: ...\nResponse: ..."),
+//   tokenized as a whole with the tokenizer's own bos/eos, as the seed does.
+// - none: the fields joined by newlines, no markers.
+//
+// Trained tokens (--train-on responses): the model turns' text and their end-of-turn token
+// `<turn|>` (not the `<|turn>model\n` header, not the newline after `<turn|>`), which is what
+// TRL's assistant_only_loss trains on; with the instruction or none template, the tokens that
+// overlap the responses' characters. --train-on all trains on every token (the seed's
+// DataCollatorForLanguageModeling).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+
+namespace st {
+
+enum class TemplateKind { kAuto, kInstruction, kGemmaChat, kNone };
+enum class TrainOn { kAuto, kResponses, kAll };
+
+StatusOr<TemplateKind> ParseTemplateKind(
+    std::string_view name);  // auto|instruction|gemma-chat|none
+const char* TemplateKindName(TemplateKind kind);
+StatusOr<TrainOn> ParseTrainOn(std::string_view name);  // auto|responses|all
+const char* TrainOnName(TrainOn t);
+
+// The record's tokens and, per token, whether the loss covers it (as a target of the previous
+// position).
+struct RenderedExample {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> trained;
+  // Trailing special tokens (the tokenizer's eos) that truncation keeps, as transformers'
+  // truncation=True does; 0 for the chat template, which is cut at the end.
+  size_t tail = 0;
+  // Cuts the example to at most n tokens (n >= 1), keeping the tail when it fits.
+  void Truncate(size_t n);
+};
+
+// Python's str.strip(): Unicode whitespace (and the separators U+001C..U+001F) at both ends.
+std::string_view StripPythonWhitespace(std::string_view s);
+
+class ExampleRenderer {
+ public:
+  // kAuto: gemma-chat when the tokenizer has `<|turn>` and `<turn|>`, else instruction. TrainOn
+  // kAuto: responses with gemma-chat, all otherwise (the seed's behaviour). gemma-chat needs those
+  // two tokens and a bos token. The tokenizer must outlive the renderer.
+  static StatusOr<ExampleRenderer> Create(const Tokenizer& tok, TemplateKind kind, TrainOn train_on,
+                                          const PromptTemplate& prompt = {});
+
+  // Renders one record into *out (replacing it). InvalidArgument for a conversation the template
+  // cannot express (a system turn after the first message).
+  Status Render(const InstructionRecord& r, RenderedExample* out) const;
+
+  TemplateKind kind() const { return kind_; }
+  TrainOn train_on() const { return train_on_; }
+
+ private:
+  ExampleRenderer() = default;
+  Status RenderChat(const InstructionRecord& r, RenderedExample* out) const;
+  void RenderText(const InstructionRecord& r, RenderedExample* out) const;
+
+  const Tokenizer* tok_ = nullptr;
+  TemplateKind kind_ = TemplateKind::kInstruction;
+  TrainOn train_on_ = TrainOn::kAll;
+  PromptTemplate prompt_;
+  int32_t bos_ = -1, turn_open_ = -1, turn_close_ = -1;
+};
+
+}  // namespace st
