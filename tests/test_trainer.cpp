@@ -117,6 +117,37 @@ TEST(Finetune, EndToEndWithTwoWorkersAndEvaluate) {
   fs::remove_all(dir);
 }
 
+// Every layout trains on the same targets: the first step's loss (before any update) is the same
+// with packed rows and rows padded to the batch's longest at 1 and 2 workers, and with the seed's
+// max_length rows. Packed, the 3 examples fill one row of 128 tokens, so rank 1 of 2 has none; it
+// runs a padding row with no target, and the loss is still the mean over the real targets.
+TEST(Finetune, EveryLayoutGivesTheSameFirstLoss) {
+  const std::string dir = test::TempDir("layouts");
+  ASSERT_FALSE(dir.empty());
+  const std::string base = std::string(ST_BINARY) +
+                           " finetune --data-dir " ST_SOURCE_DIR
+                           "/data --dataset-split 'train[:3]' --num-epochs 1 --max-seq-len 128 "
+                           "--no-dashboard --progress off --storage-path " +
+                           dir;
+  const std::regex epoch(R"(Epoch 1/1 \| loss=(\d+\.\d{4}))");
+  std::set<std::string> losses;
+  int run = 0;
+  for (const char* flags :
+       {" --topology 1 --batch-size-per-device 4", " --topology 2 --batch-size-per-device 4",
+        " --topology 1 --batch-size-per-device 4 --packing off",
+        " --topology 2 --batch-size-per-device 2 --packing off",
+        " --topology 1 --batch-size-per-device 3 --packing off --padding max_length"}) {
+    const Ran r = RunCommand(StrCat(base, flags, " --run-name r", run++));
+    ASSERT_EQ(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(" 1 steps per epoch"), std::string::npos) << flags << "\n" << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, epoch)) << r.out;
+    losses.insert(m[1]);
+  }
+  EXPECT_EQ(losses.size(), 1u) << *losses.begin() << " ... " << *losses.rbegin();
+  fs::remove_all(dir);
+}
+
 TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   const std::string dir = test::TempDir("resume");
   ASSERT_FALSE(dir.empty());
