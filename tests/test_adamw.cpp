@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "train/adamw.h"
+#include "train/lr_schedule.h"
 
 namespace st {
 namespace {
@@ -56,6 +59,39 @@ TEST(AdamW, ZeroGradientOnlyDecays) {
 TEST(ClipCoefficient, NeverAboveOne) {
   EXPECT_FLOAT_EQ(ClipCoefficient(0.1, 1.0), 1.0f);
   EXPECT_NEAR(ClipCoefficient(4.0, 1.0), 0.25f, 1e-6);
+}
+
+// Every schedule, step by step, equals transformers' get_scheduler (tools/make_lr_fixtures.py):
+// warm-ups of 0, 5 and 10 steps and longer than the run, minimum ratios, restarts, power, WSD
+// decay, and steps past the end.
+TEST(LrSchedule, MatchesTransformersGetScheduler) {
+  std::ifstream f(std::string(ST_FIXTURE_DIR) + "/lr/schedules.json");
+  ASSERT_TRUE(f.good());
+  const nlohmann::json g = nlohmann::json::parse(f);
+  int checked = 0;
+  for (const auto& c : g["cases"]) {
+    auto type = ParseLrScheduler(c["name"].get<std::string>());
+    ASSERT_TRUE(type.ok()) << type.status().message();
+    LrSchedule s;
+    s.type = *type;
+    s.lr = c["lr"];
+    s.warmup_steps = c["warmup_steps"];
+    s.total_steps = c["total_steps"];
+    s.min_lr_ratio = c["min_lr_ratio"];
+    s.cycles = c["cycles"];
+    s.power = c["power"];
+    s.decay_steps = c["decay_steps"];
+    const auto lrs = c["lrs"].get<std::vector<double>>();
+    for (size_t k = 0; k < lrs.size(); ++k) {
+      ASSERT_NEAR(s.At(static_cast<int64_t>(k)), lrs[k], 1e-12 + 1e-9 * lrs[k])
+          << s.Describe() << " step " << k;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1500);
+  EXPECT_FALSE(ParseLrScheduler("inverse_sqrt").ok());
+  EXPECT_EQ(WarmupSteps(0, 0.1, 37), 4);  // ceil, as transformers
+  EXPECT_EQ(WarmupSteps(7, 0.5, 37), 7);
 }
 
 }  // namespace

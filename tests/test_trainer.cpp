@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "proc_util.h"
 #include "test_util.h"
+#include "train/lr_schedule.h"
 #include "train/trainer.h"
 
 namespace st {
@@ -145,6 +146,46 @@ TEST(Finetune, EveryLayoutGivesTheSameFirstLoss) {
     losses.insert(m[1]);
   }
   EXPECT_EQ(losses.size(), 1u) << *losses.begin() << " ... " << *losses.rbegin();
+  fs::remove_all(dir);
+}
+
+// --lr-scheduler and --max-steps: every step's learning rate in metrics.jsonl is the schedule's
+// (tests/test_adamw.cpp checks the schedules against transformers), and the run stops after
+// --max-steps optimizer steps, inside its second epoch.
+TEST(Finetune, LearningRateScheduleAndMaxSteps) {
+  const std::string dir = test::TempDir("lr_schedule");
+  ASSERT_FALSE(dir.empty());
+  const Ran r = RunCommand(std::string(ST_BINARY) +
+                           " finetune --data-dir " ST_SOURCE_DIR
+                           "/data --dataset-split 'train[:32]' --batch-size-per-device 2 "
+                           "--packing off --max-steps 11 --num-epochs 5 --lr-scheduler cosine "
+                           "--warmup-steps 3 --min-lr-ratio 0.1 --no-dashboard --progress off "
+                           "--storage-path " +
+                           dir + " --run-name a");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("8 steps per epoch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lr=0.001 (cosine over 11 steps, warm-up 3, min 0.1 x lr)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Epoch 2/2 | "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Epoch 3/"), std::string::npos) << r.out;
+  LrSchedule want;
+  want.type = LrSchedulerType::kCosine;
+  want.lr = 1e-3;
+  want.warmup_steps = 3;
+  want.total_steps = 11;
+  want.min_lr_ratio = 0.1;
+  std::ifstream metrics(dir + "/a/metrics.jsonl");
+  std::string line;
+  int64_t steps = 0;
+  while (std::getline(metrics, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("type", "") != "step") continue;
+    const int64_t step = j["step"];
+    EXPECT_NEAR(j["lr"].get<double>(), want.At(step - 1), 1e-15) << "step " << step;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 11);
   fs::remove_all(dir);
 }
 

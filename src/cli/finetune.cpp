@@ -84,6 +84,18 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.batch_size_per_device),
                                   "--max-seq-len",
                                   s(o.max_seq_len),
+                                  "--lr-scheduler",
+                                  o.lr_scheduler,
+                                  "--warmup-steps",
+                                  s(o.warmup_steps),
+                                  "--warmup-ratio",
+                                  Num(o.warmup_ratio),
+                                  "--min-lr-ratio",
+                                  Num(o.min_lr_ratio),
+                                  "--decay-steps",
+                                  s(o.decay_steps),
+                                  "--max-steps",
+                                  s(o.max_steps),
                                   "--template",
                                   o.chat_template,
                                   "--train-on",
@@ -378,6 +390,25 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--max-seq-len", o.max_seq_len,
                   "Tokens per row: longer examples are truncated (or split: --packing split); "
                   "the seed uses 512")
+      ->capture_default_str();
+  cmd->add_option("--lr-scheduler", o.lr_scheduler,
+                  "Learning-rate schedule, as transformers' get_scheduler: constant, "
+                  "constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, wsd")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", o.warmup_steps,
+                  "Linear warm-up steps (optimizer steps; 0: --warmup-ratio)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-ratio", o.warmup_ratio,
+                  "Warm-up as a fraction of the run's optimizer steps (rounded up)")
+      ->capture_default_str();
+  cmd->add_option("--min-lr-ratio", o.min_lr_ratio,
+                  "Floor of cosine, polynomial and wsd as a fraction of --lr")
+      ->capture_default_str();
+  cmd->add_option("--decay-steps", o.decay_steps,
+                  "wsd: steps of the final decay (0: a tenth of the run)")
+      ->capture_default_str();
+  cmd->add_option("--max-steps", o.max_steps,
+                  "Stop after this many optimizer steps (overrides --num-epochs; 0: off)")
       ->capture_default_str();
   cmd->add_option("--template", o.chat_template,
                   "How records become text: auto (gemma-chat when the tokenizer has Gemma 4's "

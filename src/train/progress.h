@@ -19,11 +19,13 @@ struct SetupSummary {
   std::string data;  // DatasetReport::Summary()
   int64_t examples = 0, max_seq_len = 0, truncated = 0, steps_per_epoch = 0;
   int64_t tokens = 0, split = 0;  // the examples' tokens; examples split into pieces
+  int64_t untrained = 0;          // examples (pieces) without a target (e.g. answer truncated)
   // "template gemma-chat, loss on responses; packed into rows of 512 tokens"
   std::string layout;
   int world = 1;
   int64_t batch_size_per_device = 0;
   double lr = 0;
+  std::string lr_schedule;  // LrSchedule::Describe()
   int64_t trainable_parameters = 0, frozen_parameters = 0;
   // A LoRA run's adapters, as PEFT's print_trainable_parameters would summarise them:
   // "LoRA r=16, alpha=32 (scaling 2) on 70 modules (q_proj,v_proj)"; "" for full fine-tuning.

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
+#include "train/lr_schedule.h"
 #include "train/progress.h"
 #include "train/train_state.h"
 #include "train/train_step.h"
@@ -124,6 +126,13 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     return InvalidArgument(
         "--padding and --group-by-length apply to unpacked rows: add --packing off (packing is "
         "on by default)");
+  ST_RETURN_IF_ERROR(ParseLrScheduler(o.lr_scheduler).status());
+  if (o.warmup_steps < 0 || o.decay_steps < 0 || o.max_steps < 0)
+    return InvalidArgument("--warmup-steps, --decay-steps and --max-steps must not be negative");
+  if (o.warmup_ratio < 0 || o.warmup_ratio > 1)
+    return InvalidArgument(StrCat("--warmup-ratio must be in [0, 1], got ", o.warmup_ratio));
+  if (o.min_lr_ratio < 0 || o.min_lr_ratio >= 1)
+    return InvalidArgument(StrCat("--min-lr-ratio must be in [0, 1), got ", o.min_lr_ratio));
   if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
@@ -248,6 +257,34 @@ FsdpOptions FsdpOptionsOf(const FinetuneOptions& o, const dist::CollectiveOption
   return fo;
 }
 
+// The epochs a run covers: --num-epochs, or with --max-steps as many as its steps reach into.
+int64_t EpochsOf(const FinetuneOptions& o, int64_t steps_per_epoch) {
+  return o.max_steps > 0 ? (o.max_steps + steps_per_epoch - 1) / steps_per_epoch : o.num_epochs;
+}
+
+StatusOr<LrSchedule> ScheduleOf(const FinetuneOptions& o, double lr, int64_t steps_per_epoch) {
+  LrSchedule s;
+  s.type = ParseLrScheduler(o.lr_scheduler).value();
+  s.lr = lr;
+  s.total_steps = o.max_steps > 0 ? o.max_steps : o.num_epochs * steps_per_epoch;
+  s.warmup_steps = WarmupSteps(o.warmup_steps, o.warmup_ratio, s.total_steps);
+  s.min_lr_ratio = o.min_lr_ratio;
+  if (s.type == LrSchedulerType::kWsd) {
+    s.decay_steps = o.decay_steps > 0
+                        ? o.decay_steps
+                        : static_cast<int64_t>(std::ceil(0.1 * static_cast<double>(s.total_steps)));
+    if (s.warmup_steps + s.decay_steps > s.total_steps)
+      return InvalidArgument(StrCat("--lr-scheduler wsd: warm-up (", s.warmup_steps,
+                                    ") and decay (", s.decay_steps, ") steps exceed the run's ",
+                                    s.total_steps,
+                                    " optimizer steps; lower --warmup-steps or --decay-steps"));
+  }
+  if (s.type == LrSchedulerType::kPolynomial && s.warmup_steps >= s.total_steps)
+    return InvalidArgument(StrCat("--lr-scheduler polynomial needs fewer warm-up steps (",
+                                  s.warmup_steps, ") than the run's ", s.total_steps, " steps"));
+  return s;
+}
+
 AdamWConfig AdamWOf(const FinetuneOptions& o, bool from_dir) {
   AdamWConfig adam;
   adam.lr = o.lr > 0 ? o.lr : (from_dir ? 2e-5 : 1e-3);
@@ -270,14 +307,14 @@ class Trainer {
   StatusOr<TrainState> Start();
   // The rest of epoch state.epoch + 1: its steps, step checkpoints, line and epoch checkpoint.
   Status RunEpoch(TrainState& state);
+  int64_t epochs() const { return epochs_; }
   // The end-of-run memory line (peak RSS all-reduced over ranks) and the final lines.
   Status Finish();
 
  private:
   Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
           const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
-  Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps, int64_t real_tokens,
-                  int64_t tokens);
+  Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_tokens, int64_t tokens);
   SetupSummary Summary() const;
   // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
   int64_t TrainableParameters() const {
@@ -296,6 +333,8 @@ class Trainer {
   Gemma4Engine engine_;
   FsdpModel fsdp_;  // refers to in_.model's config and registry
   const AdamWConfig adam_;
+  const int64_t epochs_;  // --num-epochs, or what --max-steps reaches into
+  LrSchedule schedule_;   // set by Create
   ProgressReporter reporter_;
   RunDir run_;
   std::vector<WorkerInfo> workers_;           // [world]
@@ -316,7 +355,8 @@ Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
       fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask, *in_.model.weights,
             FsdpOptionsOf(o, collective)),
       adam_(AdamWOf(o, in_.from_dir)),
-      reporter_(pg.rank(), o.progress, o.num_epochs, observer) {
+      epochs_(EpochsOf(o, in_.steps_per_epoch)),
+      reporter_(pg.rank(), o.progress, epochs_, observer) {
   fsdp_.Load();  // this rank's ranges of each tensor, straight into its shards
 }
 
@@ -326,6 +366,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, dis
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
   ST_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o, pg.size(), pg.rank()));
   std::unique_ptr<Trainer> t(new Trainer(o, pg, collective, observer, std::move(in)));
+  ST_ASSIGN_OR_RETURN(t->schedule_, ScheduleOf(o, t->adam_.lr, t->in_.steps_per_epoch));
   ST_ASSIGN_OR_RETURN(t->run_, OpenRunDir(o, pg.rank()));
   t->reporter_.Setup(t->Summary());
   // Who the ranks are (one all_gather), for rank 0's observer.
@@ -342,6 +383,7 @@ SetupSummary Trainer::Summary() const {
   s.truncated = in_.data.examples.truncated;
   s.tokens = in_.data.examples.tokens();
   s.split = in_.data.examples.split;
+  s.untrained = in_.data.examples.untrained;
   const BatchingOptions& b = in_.batching;
   s.layout = StrCat("template ", TemplateKindName(in_.data.kind), ", loss on ",
                     TrainOnName(in_.data.train_on), "; ",
@@ -355,6 +397,7 @@ SetupSummary Trainer::Summary() const {
   s.world = world_;
   s.batch_size_per_device = o_.batch_size_per_device;
   s.lr = adam_.lr;
+  s.lr_schedule = schedule_.Describe();
   s.trainable_parameters = TrainableParameters();
   s.frozen_parameters = in_.trainable.frozen;
   if (const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o_)) {
@@ -407,7 +450,7 @@ StatusOr<TrainState> Trainer::Start() {
   info.storage_path = run_.storage;
   info.flags = FinetuneOptionsJson(o_);
   info.world_size = world_;
-  info.num_epochs = o_.num_epochs;
+  info.num_epochs = epochs_;
   info.first_epoch = state.epoch;
   info.resumed_step = state.global_step;
   info.steps_per_epoch = in_.steps_per_epoch;
@@ -427,32 +470,36 @@ Status Trainer::RunEpoch(TrainState& state) {
   // throughput then cover the steps run since.
   const int64_t skip = state.step_in_epoch;
   int64_t real_tokens = 0, tokens = 0;
-  const StepParts parts{engine_, fsdp_, adam_, o_.max_grad_norm, pg_, collective_, o_.seed};
   for (int64_t i = skip; i < steps; ++i) {
+    if (o_.max_steps > 0 && state.global_step >= o_.max_steps) break;
+    AdamWConfig adam = adam_;  // this step's learning rate
+    adam.lr = schedule_.At(state.global_step);
+    const StepParts parts{engine_, fsdp_, adam, o_.max_grad_norm, pg_, collective_, o_.seed};
     ST_ASSIGN_OR_RETURN(
         StepResult step,
         TrainStep(parts, in_.data.examples, plan[static_cast<size_t>(i)], in_.batching, state));
     real_tokens += step.real_tokens;
     tokens += step.tokens;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-    reporter_.Step(state, steps, state.step_in_epoch - skip, elapsed, adam_.lr, std::move(step));
+    reporter_.Step(state, steps, state.step_in_epoch - skip, elapsed, adam.lr, std::move(step));
     if (o_.save_steps > 0 && state.step_in_epoch % o_.save_steps == 0 &&
         state.step_in_epoch < steps)
       ST_RETURN_IF_ERROR(checkpointer_->SaveInsideEpoch(state));
   }
-  return EndEpoch(state, t0, steps, real_tokens, tokens);
+  return EndEpoch(state, t0, real_tokens, tokens);
 }
 
 // The epoch's figures (the token counts all-reduced), its line, then its checkpoint.
-Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t steps,
-                         int64_t real_tokens, int64_t tokens) {
+Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_tokens,
+                         int64_t tokens) {
   float counts[2] = {static_cast<float>(real_tokens), static_cast<float>(tokens)};
   ST_RETURN_IF_ERROR(pg_.AllReduce(counts, 2, DType::kF32, dist::ReduceOp::kSum, collective_));
   EpochMetrics em;
   em.epoch_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   em.epoch = state.epoch + 1;
   em.global_step = state.global_step;
-  em.loss = state.epoch_loss_sum / static_cast<double>(steps);
+  // The steps this epoch ran (fewer than its plan's when --max-steps ends it early).
+  em.loss = state.epoch_loss_sum / static_cast<double>(std::max<int64_t>(1, state.step_in_epoch));
   // The seed's tokens/s: positions computed, padding included (with max_length padding, batch x
   // world x max_seq_len per step); real tokens/s counts only the examples' tokens.
   em.tokens_per_s = counts[1] / em.epoch_time_s;
@@ -483,7 +530,7 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   ST_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(o, pg, collective, observer));
   ST_ASSIGN_OR_RETURN(TrainState state, trainer->Start());
-  while (state.epoch < o.num_epochs) ST_RETURN_IF_ERROR(trainer->RunEpoch(state));
+  while (state.epoch < trainer->epochs()) ST_RETURN_IF_ERROR(trainer->RunEpoch(state));
   return trainer->Finish();
 }
 

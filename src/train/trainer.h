@@ -56,6 +56,15 @@ struct FinetuneOptions {
   std::string storage_path;  // "" = $STORAGE_PATH, else ./runs
   std::string run_name;      // "" = slicetrain_gemma4_fsdp_sft_<unix time>
   double lr = 0;             // 0 = 2e-5 for a checkpoint, 1e-3 for a preset trained from scratch
+  // The learning-rate schedule (train/lr_schedule.h; transformers' get_scheduler): its type,
+  // warm-up (steps, else a ratio of the run's optimizer steps), the floor of the decaying
+  // schedules as a ratio of lr, and WSD's decay steps (0 = a tenth of the run).
+  std::string lr_scheduler = "constant";
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0;
+  double min_lr_ratio = 0;
+  int64_t decay_steps = 0;
+  int64_t max_steps = 0;  // > 0: stop after this many optimizer steps (overrides --num-epochs)
   double weight_decay = 0.01;
   double max_grad_norm = 0;  // 0 = no clipping
   uint64_t seed = 42;
