@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -28,6 +29,7 @@
 #include "observe/plot.h"
 #include "observe/recorder.h"
 #include "observe/runs.h"
+#include "observe/tensorboard.h"
 #include "test_util.h"
 #include "train/step_metrics.h"
 
@@ -291,6 +293,75 @@ TEST(Recorder, WritesOneJsonRecordPerStepAndTheRunState) {
   const auto cluster = nlohmann::json::parse(ReadFile(fs::path(storage) / "r" / "cluster.json"));
   EXPECT_EQ(cluster["workers"].size(), 2u);
   EXPECT_EQ(rec.ClusterJson()["workers"][0]["alive"], false);  // the run is over
+  fs::remove_all(storage);
+}
+
+// Our event records are byte for byte those tensorboard's own RecordWriter and protocol buffers
+// make for the same events (tools/make_tensorboard_fixtures.py): framing, masked CRC-32C, field
+// encoding, step 0 omitted, a 2^40 step, an empty summary, a non-ASCII tag.
+TEST(TensorBoard, EventBytesEqualTensorBoardsWriter) {
+  EXPECT_EQ(observe::Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
+  const std::string dir = ST_SOURCE_DIR "/tests/fixtures/tensorboard";
+  const auto golden = nlohmann::json::parse(ReadFile(dir + "/events.json"));
+  std::string mine =
+      observe::FrameRecord(observe::FileVersionEvent(golden["version_wall_time"].get<double>()));
+  for (const auto& e : golden["events"]) {
+    std::vector<observe::Scalar> scalars;
+    for (const auto& sv : e["scalars"])
+      scalars.push_back({sv[0].get<std::string>(), sv[1].get<float>()});
+    mine += observe::FrameRecord(
+        observe::ScalarsEvent(e["wall_time"].get<double>(), e["step"].get<int64_t>(), scalars));
+  }
+  const std::string theirs = ReadFile(dir + "/events.bin");
+  ASSERT_EQ(mine.size(), theirs.size());
+  EXPECT_TRUE(mine == theirs) << "the event records differ from tensorboard's";
+}
+
+// The records of one event file: every length and payload CRC checked; the payloads.
+std::vector<std::string> ReadRecords(const std::string& path) {
+  const std::string f = ReadFile(path);
+  std::vector<std::string> out;
+  size_t at = 0;
+  auto u32 = [&](size_t p) {
+    uint32_t v = 0;
+    std::memcpy(&v, f.data() + p, 4);
+    return v;
+  };
+  while (at + 12 <= f.size()) {
+    uint64_t n = 0;
+    std::memcpy(&n, f.data() + at, 8);
+    EXPECT_EQ(u32(at + 8), observe::MaskedCrc32c(std::string_view(f.data() + at, 8)));
+    EXPECT_LE(at + 12 + n + 4, f.size());
+    const std::string data = f.substr(at + 12, n);
+    EXPECT_EQ(u32(at + 12 + n), observe::MaskedCrc32c(data));
+    out.push_back(data);
+    at += 12 + n + 4;
+  }
+  EXPECT_EQ(at, f.size());
+  return out;
+}
+
+// With TensorBoard on, the recorder writes a version record, one event per step and one per
+// epoch into <run dir>/tensorboard, with transformers' tag names.
+TEST(Recorder, WritesTensorBoardEvents) {
+  const std::string storage = test::TempDir("observe_tb");
+  observe::RunRecorder rec;
+  rec.EnableTensorBoard(true);
+  rec.OnStart(TestRun(storage, "r"));
+  for (int64_t s = 1; s <= 3; ++s) rec.OnStep(TestStep(s, 4.0 - s));
+  rec.OnEpoch({1, 3, 2.0, 1.5, 1000, 200, 0});
+  rec.Finish(Status::Ok());
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(storage) / "r" / "tensorboard"))
+    files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].filename().string().rfind("events.out.tfevents.", 0), 0u);
+  const std::vector<std::string> records = ReadRecords(files[0].string());
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_NE(records[0].find("brain.Event:2"), std::string::npos);
+  for (const char* tag : {"train/loss", "train/learning_rate", "train/grad_norm", "train/epoch"})
+    EXPECT_NE(records[2].find(tag), std::string::npos) << tag;
+  EXPECT_NE(records[4].find("epoch/loss"), std::string::npos);
   fs::remove_all(storage);
 }
 

@@ -40,7 +40,8 @@ struct FinetuneArgs {
   std::string dashboard_host = "127.0.0.1";
   int dashboard_port = 8265;  // 0: any free port
   bool no_dashboard = false;
-  double dashboard_linger_s = 0;  // after the run, serve until idle this long
+  std::string report_to = "tensorboard";  // tensorboard | none (metrics.jsonl is always written)
+  double dashboard_linger_s = 0;          // after the run, serve until idle this long
   int threads = 0;       // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
   bool dry_run = false;  // print the memory plan and exit
 };
@@ -161,6 +162,7 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   cmd.insert(cmd.end(), {"--dashboard-host", a.dashboard_host, "--dashboard-port",
                          s(a.dashboard_port), "--dashboard-linger", linger});
   if (a.no_dashboard) cmd.push_back("--no-dashboard");
+  cmd.insert(cmd.end(), {"--report-to", a.report_to});
   return cmd;
 }
 
@@ -168,6 +170,7 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
 // port that cannot be bound costs a warning, not the run) and the plot at the end.
 Status RunRankZero(const FinetuneArgs& a, launch::Worker& worker) {
   observe::RunRecorder recorder;
+  recorder.EnableTensorBoard(a.report_to == "tensorboard");
   std::unique_ptr<observe::Dashboard> dashboard;
   if (!a.no_dashboard) {
     observe::DashboardOptions d;
@@ -526,6 +529,12 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--dashboard-port", a->dashboard_port,
                   "Dashboard port (0 = any free port; busy = a warning, training goes on)")
+      ->capture_default_str();
+  cmd->add_option("--report-to", a->report_to,
+                  "tensorboard: event files in <run dir>/tensorboard (tensorboard --logdir "
+                  "<storage path>); none: only metrics.jsonl, the JSON-lines stream every run "
+                  "writes")
+      ->check(CLI::IsMember({"tensorboard", "none"}))
       ->capture_default_str();
   cmd->add_flag("--no-dashboard", a->no_dashboard,
                 "Serve no dashboard (metrics are still written)");

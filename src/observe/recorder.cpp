@@ -83,6 +83,16 @@ void RunRecorder::OnStart(const RunInfo& run) {
     if (e.value("epoch", int64_t{0}) <= run.first_epoch) epochs_.push_back(e);
   for (const auto& e : epochs_) jsonl_ << e.dump() << "\n";
   jsonl_.flush();
+  if (tensorboard_) {
+    // A new file per (re)start, as TensorBoard's writers do; the reader merges a directory's.
+    StatusOr<EventFileWriter> w =
+        EventFileWriter::Open((fs::path(run.run_dir) / "tensorboard").string(), start_time_);
+    if (w.ok())
+      events_.emplace(std::move(*w));
+    else
+      std::fprintf(stderr, "slicetrain finetune: warning: %s; no TensorBoard events\n",
+                   w.status().message().c_str());
+  }
   nlohmann::json workers = nlohmann::json::array();
   for (const WorkerInfo& w : run.workers) workers.push_back(ToJson(w));
   WriteFileAtomically(fs::path(run.run_dir) / "cluster.json",
@@ -137,10 +147,41 @@ void RunRecorder::AppendLocked(const nlohmann::json& record) {
   }
 }
 
+void RunRecorder::EnableTensorBoard(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tensorboard_ = on;
+}
+
+void RunRecorder::WriteEventsLocked(double wall_time, int64_t step,
+                                    const std::vector<Scalar>& scalars) {
+  if (!events_) return;
+  if (Status st = events_->Add(wall_time, step, scalars); !st.ok()) {
+    std::fprintf(stderr, "slicetrain finetune: warning: %s; no more TensorBoard events\n",
+                 st.message().c_str());
+    events_.reset();
+  }
+}
+
 void RunRecorder::OnStep(const StepMetrics& step) {
   nlohmann::json j = ToJson(step);
   std::lock_guard<std::mutex> lock(mu_);
   AppendLocked(j);
+  const double epoch = static_cast<double>(step.epoch - 1) +
+                       static_cast<double>(step.step_in_epoch) /
+                           static_cast<double>(std::max<int64_t>(1, step.steps_in_epoch));
+  auto f = [](double v) { return static_cast<float>(v); };
+  WriteEventsLocked(step.unix_time, step.step,
+                    {{"train/loss", f(step.loss)},
+                     {"train/learning_rate", f(step.lr)},
+                     {"train/grad_norm", f(step.grad_norm)},
+                     {"train/epoch", f(epoch)},
+                     {"train/tokens_per_s", f(step.tokens_per_s)},
+                     {"train/real_tokens_per_s", f(step.real_tokens_per_s)},
+                     {"train/model_flops_per_s", f(step.model_flops_per_s)},
+                     {"time/step_s", f(step.step_s)},
+                     {"time/compute_s", f(step.compute_s)},
+                     {"time/comm_wait_s", f(step.comm_wait_s)},
+                     {"time/data_s", f(step.data_s)}});
   KeepRecentLocked(std::move(j));
   last_ = step;
   has_last_ = true;
@@ -157,6 +198,11 @@ void RunRecorder::OnEpoch(const EpochMetrics& epoch) {
   nlohmann::json j = ToJson(epoch);
   std::lock_guard<std::mutex> lock(mu_);
   AppendLocked(j);
+  WriteEventsLocked(epoch.unix_time, epoch.global_step,
+                    {{"epoch/loss", static_cast<float>(epoch.loss)},
+                     {"epoch/epoch_time_s", static_cast<float>(epoch.epoch_time_s)},
+                     {"epoch/tokens_per_s", static_cast<float>(epoch.tokens_per_s)},
+                     {"epoch/real_tokens_per_s", static_cast<float>(epoch.real_tokens_per_s)}});
   epochs_.push_back(std::move(j));
   WriteRunJsonLocked();
   ++version_;

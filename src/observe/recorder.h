@@ -11,11 +11,13 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/status.h"
+#include "observe/tensorboard.h"
 #include "train/step_metrics.h"
 
 namespace st::observe {
@@ -38,6 +40,11 @@ class RunRecorder : public TrainingObserver {
 
   // Where the dashboard is, recorded in run.json (call before OnStart or any time after).
   void SetDashboardUrl(const std::string& url);
+  // Also write TensorBoard event files into <run_dir>/tensorboard (--report-to tensorboard; call
+  // before OnStart): per step train/loss, train/learning_rate, train/grad_norm, train/epoch (as
+  // transformers' TensorBoardCallback names them) and the throughput and time split; per epoch
+  // epoch/loss and epoch/tokens_per_s.
+  void EnableTensorBoard(bool on);
 
   bool started() const;
   std::string run_dir() const;
@@ -64,6 +71,8 @@ class RunRecorder : public TrainingObserver {
  private:
   void WriteRunJsonLocked();
   void AppendLocked(const nlohmann::json& record);
+  // One TensorBoard event (when enabled and writing works; a failure warns once and stops it).
+  void WriteEventsLocked(double wall_time, int64_t step, const std::vector<Scalar>& scalars);
   void KeepRecentLocked(nlohmann::json step);
   std::vector<nlohmann::json> StepsAfterLocked(int64_t since_step) const;
   void StopHeartbeat();
@@ -84,6 +93,8 @@ class RunRecorder : public TrainingObserver {
   StepMetrics last_;
   double tokens_total_ = 0, real_tokens_total_ = 0, comm_mib_total_ = 0, comm_s_total_ = 0;
   std::ofstream jsonl_;
+  bool tensorboard_ = false;
+  std::optional<EventFileWriter> events_;  // open while the run is on and writing works
   // While the run is on, run.json's heartbeat_time is renewed every kHeartbeatSeconds, so that
   // `slicetrain runs` on another host of a shared storage path tells a lost run from a live one.
   static constexpr int kHeartbeatSeconds = 10;
