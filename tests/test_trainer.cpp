@@ -189,6 +189,66 @@ TEST(Finetune, LearningRateScheduleAndMaxSteps) {
   fs::remove_all(dir);
 }
 
+// --eval-split: an evaluation at each epoch's end (in the epoch line, metrics.jsonl and the
+// checkpoint's state) and every --eval-steps steps; its loss equals `slicetrain evaluate` on the
+// saved checkpoint (bf16-gathered weights in training: 1e-3 relative); --checkpoint-score-attribute
+// eval_loss keeps the lowest. A diverging run stops early after --early-stopping-patience
+// evaluations without improvement; an overlapping held-out split is refused.
+TEST(Finetune, EvaluationDuringTrainingAndEarlyStopping) {
+  const std::string dir = test::TempDir("eval_split");
+  ASSERT_FALSE(dir.empty());
+  const std::string bin = ST_BINARY;
+  const std::string base = bin +
+                           " finetune --data-dir " ST_SOURCE_DIR
+                           "/data --dataset-split 'train[:128]' --eval-split 'train[-32:]' "
+                           "--no-dashboard --progress off --storage-path " +
+                           dir;
+  const Ran r = RunCommand(base +
+                           " --run-name a --num-epochs 2 --eval-steps 3 "
+                           "--checkpoint-score-attribute eval_loss --num-to-keep 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::regex epoch(R"(Epoch (\d)/2 \| .* \| eval_loss=(\d+\.\d{4}))");
+  std::vector<double> epoch_eval;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), epoch);
+       it != std::sregex_iterator(); ++it)
+    epoch_eval.push_back(std::stod((*it)[2]));
+  ASSERT_EQ(epoch_eval.size(), 2u) << r.out;
+  EXPECT_NE(r.out.find("Eval at step 3 (epoch 1) | eval_loss="), std::string::npos) << r.out;
+  int evals = 0;
+  std::ifstream metrics(dir + "/a/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    evals += nlohmann::json::parse(line).value("type", "") == "eval";
+  EXPECT_GE(evals, 4);  // every 3 steps of 2 x 9 plus the two epoch ends
+  std::smatch saved;
+  ASSERT_TRUE(std::regex_search(r.out, saved, std::regex(R"(Saved checkpoint: (\S+))"))) << r.out;
+  const auto state = nlohmann::json::parse(ReadFile(std::string(saved[1]) + "/trainer_state.json"));
+  const double best = state["eval_loss"];
+  EXPECT_NEAR(best, *std::min_element(epoch_eval.begin(), epoch_eval.end()), 1e-4);
+  const Ran e = RunCommand(bin + " evaluate --json --model-id " + std::string(saved[1]) +
+                           " --dataset-split 'train[-32:]' --data-dir " ST_SOURCE_DIR "/data");
+  ASSERT_EQ(e.code, 0) << e.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(e.out, m, std::regex(R"(\"loss\": ([0-9.]+))"))) << e.out;
+  EXPECT_NEAR(std::stod(m[1]), best, 1e-3 * best);
+
+  const Ran stop = RunCommand(base +
+                              " --run-name b --num-epochs 5 --lr 0.5 --eval-steps 2 "
+                              "--early-stopping-patience 2");
+  ASSERT_EQ(stop.code, 0) << stop.out;
+  EXPECT_NE(stop.out.find("Early stopping: eval_loss has not improved"), std::string::npos)
+      << stop.out;
+  EXPECT_EQ(stop.out.find("Epoch 5/5"), std::string::npos) << stop.out;
+
+  const Ran overlap = RunCommand(bin +
+                                 " finetune --data-dir " ST_SOURCE_DIR
+                                 "/data --dataset-split 'train[:128]' --eval-split "
+                                 "'train[100:150]' --storage-path " +
+                                 dir + " --run-name c");
+  EXPECT_EQ(overlap.code, 2) << overlap.out;
+  EXPECT_NE(overlap.out.find("overlaps the training split"), std::string::npos) << overlap.out;
+  fs::remove_all(dir);
+}
+
 TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   const std::string dir = test::TempDir("resume");
   ASSERT_FALSE(dir.empty());

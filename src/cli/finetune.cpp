@@ -97,6 +97,14 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.decay_steps),
                                   "--max-steps",
                                   s(o.max_steps),
+                                  "--eval-split",
+                                  o.eval_split,
+                                  "--eval-dataset",
+                                  o.eval_dataset,
+                                  "--eval-steps",
+                                  s(o.eval_steps),
+                                  "--early-stopping-patience",
+                                  s(o.early_stopping_patience),
                                   "--template",
                                   o.chat_template,
                                   "--train-on",
@@ -263,6 +271,13 @@ Status Run(FinetuneArgs& a, int* exit_code) {
                         ResolveDatasetSource(a.o.dataset, a.o.dataset_config, a.o.dataset_revision,
                                              a.o.dataset_split, HubFromEnvironment()));
     a.o.dataset = src.path, a.o.dataset_split = src.split, a.o.dataset_config = src.config;
+    if (!a.o.eval_dataset.empty()) {
+      ST_ASSIGN_OR_RETURN(
+          DatasetSource eval,
+          ResolveDatasetSource(a.o.eval_dataset, a.o.dataset_config, a.o.dataset_revision,
+                               a.o.eval_split, HubFromEnvironment()));
+      a.o.eval_dataset = eval.path, a.o.eval_split = eval.split;
+    }
   }
   {
     // The bundled data is needed for the default data set, and for the tokenizer of a preset.
@@ -413,6 +428,18 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--max-steps", o.max_steps,
                   "Stop after this many optimizer steps (overrides --num-epochs; 0: off)")
       ->capture_default_str();
+  cmd->add_option("--eval-split", o.eval_split,
+                  "Held-out split evaluated at every epoch's end (and --eval-steps): HF split "
+                  "syntax over --eval-dataset, e.g. 'train[-5%:]' (it must not overlap "
+                  "--dataset-split on the same data set)");
+  cmd->add_option("--eval-dataset", o.eval_dataset,
+                  "Data set of --eval-split (default: --dataset's): hub id, file, glob or "
+                  "directory");
+  cmd->add_option("--eval-steps", o.eval_steps, "Also evaluate every N optimizer steps (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--early-stopping-patience", o.early_stopping_patience,
+                  "Stop after this many evaluations without a lower eval_loss (0: off)")
+      ->capture_default_str();
   cmd->add_option("--template", o.chat_template,
                   "How records become text: auto (gemma-chat when the tokenizer has Gemma 4's "
                   "<|turn> tokens, else instruction), instruction, gemma-chat, none")
@@ -506,7 +533,8 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   AddDataDirOption(cmd, &o.data_dir);
   cmd->add_option("--checkpoint-score-attribute", o.score_attribute,
-                  "Metric that ranks checkpoints: loss, epoch, epoch_time_s, tokens_per_s")
+                  "Metric that ranks checkpoints: loss, eval_loss (needs --eval-split), epoch, "
+                  "epoch_time_s, tokens_per_s")
       ->capture_default_str();
   cmd->add_option("--checkpoint-score-order", o.score_order, "min or max: which score is best")
       ->capture_default_str();

@@ -492,7 +492,7 @@ void Gemma4Engine::MlpForward(int64_t i, const ParamTable& t, int64_t N) {
 
 const float* Gemma4Engine::LoraInput(int e, const float* x, int64_t N, int64_t in) {
   const float p = reg_.lora_dropout;
-  if (!options_.training || p <= 0.0f) return x;
+  if (!options_.training || !dropout_on_ || p <= 0.0f) return x;
   const LoraDropoutMask mask = LoraDropoutMask::For(dropout_seed_, e, p);
   float* out = Act(plan_.lora_x);
   const int64_t n = N * in;

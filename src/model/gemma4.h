@@ -180,6 +180,8 @@ class Gemma4Engine {
   // checkpointed recompute) sees the forward's mask without storing it. The trainer derives it
   // from the run's seed, the step and the rank.
   void SetDropoutSeed(uint64_t seed) { dropout_seed_ = seed; }
+  // Off: the LoRA dropout is the identity (evaluation inside a training run); on by default.
+  void SetDropout(bool on) { dropout_on_ = on; }
 
   // Runs the model up to the final norm and, with labels, the loss (the head in tiles: no logits
   // are kept). Only a training engine can run Backward after it.
@@ -259,6 +261,7 @@ class Gemma4Engine {
   AlignedBuffer acts_;
   int64_t last_N_ = 0;  // tokens of the last Forward
   uint64_t dropout_seed_ = 0;
+  bool dropout_on_ = true;
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
   std::vector<int32_t> targets_;     // [N] labels shifted left by one, -100 at each row's end

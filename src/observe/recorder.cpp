@@ -194,6 +194,17 @@ void RunRecorder::OnStep(const StepMetrics& step) {
   changed_.notify_all();
 }
 
+void RunRecorder::OnEval(const EvalMetrics& eval) {
+  nlohmann::json j = ToJson(eval);
+  std::lock_guard<std::mutex> lock(mu_);
+  AppendLocked(j);
+  WriteEventsLocked(eval.unix_time, eval.step,
+                    {{"eval/loss", static_cast<float>(eval.eval_loss)},
+                     {"eval/perplexity", static_cast<float>(std::exp(eval.eval_loss))}});
+  ++version_;
+  changed_.notify_all();
+}
+
 void RunRecorder::OnEpoch(const EpochMetrics& epoch) {
   nlohmann::json j = ToJson(epoch);
   std::lock_guard<std::mutex> lock(mu_);

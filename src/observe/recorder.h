@@ -35,6 +35,7 @@ class RunRecorder : public TrainingObserver {
   void OnStart(const RunInfo& run) override;
   void OnStep(const StepMetrics& step) override;
   void OnEpoch(const EpochMetrics& epoch) override;
+  void OnEval(const EvalMetrics& eval) override;
   // The run ended (ok or not): status into run.json; wakes every waiter.
   void Finish(const Status& status);
 

@@ -308,6 +308,29 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   return r;
 }
 
+StatusOr<ForwardResult> FsdpModel::Forward(Gemma4Engine& engine, const Batch& batch) {
+  status_ = Status::Ok();
+  int64_t local = 0;
+  for (int64_t b = 0; b < batch.B; ++b)
+    for (int64_t t = 1; t < batch.T; ++t) local += batch.labels[b * batch.T + t] != -100;
+  float sums[2] = {0, static_cast<float>(local)};
+  SubmitGather(0);
+  AwaitParams(0);
+  if (options_.prefetch) SubmitGather(1);
+  if (!status_.ok()) return status_;
+  ForwardResult r = engine.Forward(table_, batch, this);
+  for (Slot& s : slots_) Wait(s.gather);
+  if (!status_.ok()) return status_;
+  sums[0] = static_cast<float>(r.loss_sum);
+  Record(Get(comm_.Submit([this, &sums] {
+    return pg_.AllReduce(sums, 2, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+  })));
+  if (!status_.ok()) return status_;
+  r.loss_sum = sums[0];
+  r.num_valid = static_cast<int64_t>(std::llround(sums[1]));
+  return r;
+}
+
 void FsdpModel::ZeroGrad() {
   std::fill(grad_.begin(), grad_.end(), 0.0f);
 }

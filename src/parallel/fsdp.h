@@ -75,6 +75,9 @@ class FsdpModel : public ParamHooks {
   // the gradients of one rank with the whole batch. Gradients are added to the gradient shards.
   // Returns the global batch's loss sum and valid count (Loss() is the global mean).
   StatusOr<ForwardResult> ForwardBackward(Gemma4Engine& engine, const Batch& batch);
+  // The forward alone (evaluation): the same gathers, no gradient; loss_sum and num_valid are the
+  // whole global batch's (all-reduced). Every rank calls it with its own batch.
+  StatusOr<ForwardResult> Forward(Gemma4Engine& engine, const Batch& batch);
 
   void ZeroGrad();
   // Global gradient norm over all shards (all-reduced); scales the gradients by

@@ -98,17 +98,22 @@ void Checkpointer::PrintResumed(const std::string& dir, const TrainState& state)
 }
 
 Status Checkpointer::SaveEpoch(const TrainState& state, const EpochMetrics& epoch) {
-  char json[256];
-  std::snprintf(json, sizeof(json),
-                "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f}",
-                (long long)epoch.epoch, epoch.loss, epoch.epoch_time_s, epoch.tokens_per_s);
+  char json[320];
+  char eval[64] = "";
+  if (epoch.eval_loss >= 0)
+    std::snprintf(eval, sizeof(eval), ", \"eval_loss\": %.6f", epoch.eval_loss);
+  std::snprintf(
+      json, sizeof(json),
+      "{\"epoch\": %lld, \"loss\": %.6f, \"epoch_time_s\": %.3f, \"tokens_per_s\": %.1f%s}",
+      (long long)epoch.epoch, epoch.loss, epoch.epoch_time_s, epoch.tokens_per_s, eval);
   // The state holds every score attribute (--checkpoint-score-attribute ranks by it, also after a
   // resume).
-  return Save(state, json,
-              {{"epoch", epoch.epoch},
-               {"loss", epoch.loss},
-               {"epoch_time_s", epoch.epoch_time_s},
-               {"tokens_per_s", epoch.tokens_per_s}});
+  nlohmann::json fields = {{"epoch", epoch.epoch},
+                           {"loss", epoch.loss},
+                           {"epoch_time_s", epoch.epoch_time_s},
+                           {"tokens_per_s", epoch.tokens_per_s}};
+  if (epoch.eval_loss >= 0) fields["eval_loss"] = epoch.eval_loss;
+  return Save(state, json, fields);
 }
 
 Status Checkpointer::SaveInsideEpoch(const TrainState& state) {

@@ -101,15 +101,37 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
 void ProgressReporter::Epoch(EpochMetrics e) {
   final_metrics_ = SeedMetrics(e);
   if (rank_ != 0) return;
+  std::string eval;
+  if (e.eval_loss >= 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " | eval_loss=%.4f", e.eval_loss);
+    eval = buf;
+  }
   std::printf(
-      "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f\n",
+      "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f%s\n",
       (long long)e.epoch, (long long)num_epochs_, e.loss, e.epoch_time_s, e.tokens_per_s,
-      e.real_tokens_per_s);
+      e.real_tokens_per_s, eval.c_str());
   std::fflush(stdout);
   if (!observer_) return;
   e.unix_time =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   observer_->OnEpoch(e);
+}
+
+void ProgressReporter::Eval(EvalMetrics e, bool at_epoch_end) {
+  if (rank_ != 0) return;
+  if (!at_epoch_end) {  // the epoch line carries the epoch-end evaluation
+    std::printf(
+        "Eval at step %lld (epoch %lld) | eval_loss=%.4f | perplexity=%.3f | %lld tokens "
+        "in %.2fs\n",
+        (long long)e.step, (long long)e.epoch, e.eval_loss, std::exp(e.eval_loss),
+        (long long)e.tokens, e.eval_s);
+    std::fflush(stdout);
+  }
+  if (!observer_) return;
+  e.unix_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  observer_->OnEval(e);
 }
 
 void ProgressReporter::Finish(const MemoryReport& m, const std::string& best_checkpoint) const {

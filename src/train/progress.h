@@ -55,6 +55,9 @@ class ProgressReporter {
             double lr, StepResult step);
   // The seed's "Epoch E/N | loss=..." line and the observer's epoch record.
   void Epoch(EpochMetrics epoch);
+  // An evaluation: its own line unless it is the epoch's (the epoch line shows that one), and the
+  // observer.
+  void Eval(EvalMetrics eval, bool at_epoch_end);
   // The memory line, the seed's final metrics (the last epoch's) and the kept checkpoint.
   void Finish(const MemoryReport& memory, const std::string& best_checkpoint) const;
 

@@ -196,14 +196,23 @@ nlohmann::json ToJson(const StepMetrics& s) {
 }
 
 nlohmann::json ToJson(const EpochMetrics& e) {
-  return {{"type", "epoch"},
-          {"epoch", e.epoch},
-          {"global_step", e.global_step},
-          {"time", e.unix_time},
-          {"loss", e.loss},
-          {"epoch_time_s", e.epoch_time_s},
-          {"tokens_per_s", e.tokens_per_s},
-          {"real_tokens_per_s", e.real_tokens_per_s}};
+  nlohmann::json j = {{"type", "epoch"},
+                      {"epoch", e.epoch},
+                      {"global_step", e.global_step},
+                      {"time", e.unix_time},
+                      {"loss", e.loss},
+                      {"epoch_time_s", e.epoch_time_s},
+                      {"tokens_per_s", e.tokens_per_s},
+                      {"real_tokens_per_s", e.real_tokens_per_s}};
+  if (e.eval_loss >= 0) j["eval_loss"] = e.eval_loss;
+  return j;
+}
+
+nlohmann::json ToJson(const EvalMetrics& e) {
+  return {{"type", "eval"},           {"step", e.step},
+          {"epoch", e.epoch},         {"time", e.unix_time},
+          {"eval_loss", e.eval_loss}, {"eval_perplexity", std::exp(e.eval_loss)},
+          {"eval_tokens", e.tokens},  {"eval_s", e.eval_s}};
 }
 
 }  // namespace st

@@ -67,6 +67,17 @@ struct EpochMetrics {
   int64_t global_step = 0;
   double loss = 0, epoch_time_s = 0, tokens_per_s = 0, real_tokens_per_s = 0;
   double unix_time = 0;
+  double eval_loss = -1;  // the held-out loss at the epoch's end; < 0: no evaluation
+};
+
+// One evaluation on the held-out split (--eval-split): the mean loss over its targets.
+struct EvalMetrics {
+  int64_t step = 0;   // the global step it followed
+  int64_t epoch = 0;  // from 1
+  double eval_loss = 0;
+  int64_t tokens = 0;  // targets
+  double eval_s = 0;
+  double unix_time = 0;
 };
 
 // What the run is, handed to the observer once the run directory exists.
@@ -89,6 +100,7 @@ class TrainingObserver {
   virtual void OnStart(const RunInfo& /*run*/) {}
   virtual void OnStep(const StepMetrics& /*step*/) {}
   virtual void OnEpoch(const EpochMetrics& /*epoch*/) {}
+  virtual void OnEval(const EvalMetrics& /*eval*/) {}
 };
 
 // Every rank calls these at the same point (one all_gather each); the result is [world] on
@@ -112,6 +124,7 @@ StepMetrics SummariseStep(std::vector<WorkerSample> samples, double loss, double
 // JSON forms (the JSONL records of docs/observe.md).
 nlohmann::json ToJson(const WorkerInfo& w);
 nlohmann::json ToJson(const StepMetrics& s);
+nlohmann::json ToJson(const EvalMetrics& e);
 nlohmann::json ToJson(const EpochMetrics& e);
 
 }  // namespace st

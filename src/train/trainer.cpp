@@ -104,9 +104,11 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     return InvalidArgument(
         "--num-epochs, --batch-size-per-device must be >= 1 and --max-seq-len >= 2");
   if (o.score_attribute != "loss" && o.score_attribute != "epoch" &&
-      o.score_attribute != "epoch_time_s" && o.score_attribute != "tokens_per_s")
+      o.score_attribute != "epoch_time_s" && o.score_attribute != "tokens_per_s" &&
+      o.score_attribute != "eval_loss")
     return InvalidArgument(
-        "--checkpoint-score-attribute must be loss, epoch, epoch_time_s or tokens_per_s, got '" +
+        "--checkpoint-score-attribute must be loss, eval_loss, epoch, epoch_time_s or "
+        "tokens_per_s, got '" +
         o.score_attribute + "'");
   if (o.score_order != "min" && o.score_order != "max")
     return InvalidArgument("--checkpoint-score-order must be min or max, got '" + o.score_order +
@@ -133,6 +135,15 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     return InvalidArgument(StrCat("--warmup-ratio must be in [0, 1], got ", o.warmup_ratio));
   if (o.min_lr_ratio < 0 || o.min_lr_ratio >= 1)
     return InvalidArgument(StrCat("--min-lr-ratio must be in [0, 1), got ", o.min_lr_ratio));
+  if (!o.eval_dataset.empty() && o.eval_split.empty())
+    return InvalidArgument("--eval-dataset needs --eval-split (e.g. train or validation)");
+  if (o.eval_split.empty() &&
+      (o.eval_steps > 0 || o.early_stopping_patience > 0 || o.score_attribute == "eval_loss"))
+    return InvalidArgument(
+        "--eval-steps, --early-stopping-patience and --checkpoint-score-attribute eval_loss need "
+        "a held-out split: --eval-split (e.g. 'train[-5%:]')");
+  if (o.eval_steps < 0 || o.early_stopping_patience < 0)
+    return InvalidArgument("--eval-steps and --early-stopping-patience must not be negative");
   if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
@@ -188,10 +199,30 @@ struct RunInputs {
   LoadedModel model;
   bool from_dir = false;  // --model-id is a model directory (default lr 2e-5), not a preset
   InstructionData data;
+  std::optional<InstructionData> eval;  // --eval-split's examples
   BatchingOptions batching;
   int64_t steps_per_epoch = 0;
   Trainable trainable;
 };
+
+// The split name of HF split syntax: "train" of "train[:10%]".
+std::string SplitName(const std::string& split) {
+  return split.substr(0, split.find('['));
+}
+
+// A held-out split of the training files must not share a record with the training split.
+Status CheckDisjoint(const DatasetReport& train, const std::string& train_split,
+                     const DatasetReport& eval, const std::string& eval_split) {
+  if (train.file != eval.file || SplitName(train_split) != SplitName(eval_split))
+    return Status::Ok();
+  if (eval.begin < train.end && train.begin < eval.end)
+    return InvalidArgument(StrCat("--eval-split ", eval_split, " (records [", eval.begin, ", ",
+                                  eval.end, ")) overlaps the training split ", train_split,
+                                  " (records [", train.begin, ", ", train.end,
+                                  ")): hold out records the training does not read, e.g. "
+                                  "--dataset-split 'train[:95%]' --eval-split 'train[-5%:]'"));
+  return Status::Ok();
+}
 
 StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
@@ -208,8 +239,20 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
                                   " workers x --batch-size-per-device ", o.batch_size_per_device));
+  std::optional<InstructionData> eval;
+  if (!o.eval_split.empty()) {
+    DatasetOptions d = DatasetOf(o);
+    if (!o.eval_dataset.empty()) d.path = o.eval_dataset;
+    d.split = o.eval_split;
+    StatusOr<InstructionData> loaded = LoadInstructionData(m.config, o.model_id, o.tokenizer, d,
+                                                           o.max_seq_len, o.data_dir, TextOf(o));
+    if (!loaded.ok()) return loaded.status().WithContext("--eval-split " + o.eval_split);
+    InstructionData e = std::move(*loaded);
+    ST_RETURN_IF_ERROR(CheckDisjoint(data.report, o.dataset_split, e.report, o.eval_split));
+    eval = std::move(e);
+  }
   ST_ASSIGN_OR_RETURN(Trainable trainable, TrainableTensors(m.registry, o.freeze));
-  return RunInputs{std::move(m), from_dir,        std::move(data),
+  return RunInputs{std::move(m), from_dir,        std::move(data),     std::move(eval),
                    batching,     steps_per_epoch, std::move(trainable)};
 }
 
@@ -308,6 +351,7 @@ class Trainer {
   // The rest of epoch state.epoch + 1: its steps, step checkpoints, line and epoch checkpoint.
   Status RunEpoch(TrainState& state);
   int64_t epochs() const { return epochs_; }
+  bool stopped_early() const { return stop_; }
   // The end-of-run memory line (peak RSS all-reduced over ranks) and the final lines.
   Status Finish();
 
@@ -315,6 +359,11 @@ class Trainer {
   Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
           const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
   Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_tokens, int64_t tokens);
+  // The held-out loss (every rank takes part), reported; updates the early-stopping count.
+  StatusOr<double> Evaluate(const TrainState& state, bool at_epoch_end);
+  bool stop_ = false;            // early stopping fired
+  double best_eval_ = INFINITY;  // the lowest eval_loss so far
+  int64_t evals_since_best_ = 0;
   SetupSummary Summary() const;
   // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
   int64_t TrainableParameters() const {
@@ -485,6 +534,11 @@ Status Trainer::RunEpoch(TrainState& state) {
     if (o_.save_steps > 0 && state.step_in_epoch % o_.save_steps == 0 &&
         state.step_in_epoch < steps)
       ST_RETURN_IF_ERROR(checkpointer_->SaveInsideEpoch(state));
+    if (in_.eval && o_.eval_steps > 0 && state.global_step % o_.eval_steps == 0 &&
+        state.step_in_epoch < steps) {
+      ST_RETURN_IF_ERROR(Evaluate(state, false).status());
+      if (stop_) break;
+    }
   }
   return EndEpoch(state, t0, real_tokens, tokens);
 }
@@ -504,9 +558,65 @@ Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_t
   // world x max_seq_len per step); real tokens/s counts only the examples' tokens.
   em.tokens_per_s = counts[1] / em.epoch_time_s;
   em.real_tokens_per_s = counts[0] / em.epoch_time_s;
+  if (in_.eval) {
+    ST_ASSIGN_OR_RETURN(em.eval_loss, Evaluate(state, true));
+  }
   reporter_.Epoch(em);
+  if (stop_ && rank_ == 0)
+    std::printf(
+        "Early stopping: eval_loss has not improved on %.4f for %lld evaluations "
+        "(--early-stopping-patience)\n",
+        best_eval_, (long long)evals_since_best_);
   state = TrainState{state.epoch + 1, state.global_step, 0, 0};
   return checkpointer_->SaveEpoch(state, em);
+}
+
+StatusOr<double> Trainer::Evaluate(const TrainState& state, bool at_epoch_end) {
+  const auto t0 = Clock::now();
+  // Every example once, the same number of forwards on every rank, in the run's row layout
+  // (max_length rows would drop a partial batch: the held-out rows are padded to their longest).
+  BatchingOptions b = in_.batching;
+  b.padding = PaddingMode::kLongest;
+  b.group_by_length = false;
+  const TokenizedSet& set = in_.eval->examples;
+  double loss_sum = 0;
+  int64_t targets = 0;
+  engine_.SetDropout(false);
+  for (const StepRows& rows : PlanEpoch(set, b, world_, rank_, 0)) {
+    const TokenBatch tb = CollateStep(set, rows, b);
+    std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
+    const Batch batch{tb.input_ids.data(),
+                      mask.data(),
+                      tb.labels.data(),
+                      tb.B,
+                      tb.T,
+                      tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+    StatusOr<ForwardResult> r = fsdp_.Forward(engine_, batch);
+    if (!r.ok()) {
+      engine_.SetDropout(true);
+      return r.status();
+    }
+    loss_sum += r->loss_sum;  // already the whole global batch's
+    targets += r->num_valid;
+  }
+  engine_.SetDropout(true);
+  if (targets == 0)
+    return InvalidArgument("--eval-split " + o_.eval_split +
+                           " has no target to evaluate (every answer truncated or empty?)");
+  EvalMetrics m;
+  m.step = state.global_step;
+  m.epoch = state.epoch + 1;
+  m.eval_loss = loss_sum / static_cast<double>(targets);
+  m.tokens = targets;
+  m.eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  reporter_.Eval(m, at_epoch_end);
+  if (m.eval_loss < best_eval_) {
+    best_eval_ = m.eval_loss;
+    evals_since_best_ = 0;
+  } else if (++evals_since_best_ >= o_.early_stopping_patience && o_.early_stopping_patience > 0) {
+    stop_ = true;
+  }
+  return m.eval_loss;
 }
 
 Status Trainer::Finish() {
@@ -530,7 +640,8 @@ Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
   ST_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(o, pg, collective, observer));
   ST_ASSIGN_OR_RETURN(TrainState state, trainer->Start());
-  while (state.epoch < trainer->epochs()) ST_RETURN_IF_ERROR(trainer->RunEpoch(state));
+  while (state.epoch < trainer->epochs() && !trainer->stopped_early())
+    ST_RETURN_IF_ERROR(trainer->RunEpoch(state));
   return trainer->Finish();
 }
 

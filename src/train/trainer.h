@@ -65,6 +65,13 @@ struct FinetuneOptions {
   double min_lr_ratio = 0;
   int64_t decay_steps = 0;
   int64_t max_steps = 0;  // > 0: stop after this many optimizer steps (overrides --num-epochs)
+  // Evaluation on a held-out split (transformers' eval_dataset): --eval-split turns it on, over
+  // --eval-dataset ("" = --dataset's, then the split must not overlap the training split); at
+  // every epoch's end and, with eval_steps > 0, every eval_steps optimizer steps. Early stopping
+  // after this many evaluations without a lower eval_loss (0 = off).
+  std::string eval_dataset, eval_split;
+  int64_t eval_steps = 0;
+  int64_t early_stopping_patience = 0;
   double weight_decay = 0.01;
   double max_grad_norm = 0;  // 0 = no clipping
   uint64_t seed = 42;
