@@ -249,6 +249,41 @@ TEST(Finetune, EvaluationDuringTrainingAndEarlyStopping) {
   fs::remove_all(dir);
 }
 
+// --gradient-accumulation-steps 4 with batch 1 makes the update of batch 4: the same examples per
+// optimizer step, the same loss (the mean over the whole window's targets) and the same gradient
+// (its global norm), at 1 and 2 workers.
+TEST(Finetune, GradientAccumulationEqualsALargerBatch) {
+  const std::string dir = test::TempDir("accumulation");
+  ASSERT_FALSE(dir.empty());
+  auto first_step = [&](const std::string& flags, const std::string& name) {
+    const Ran r = RunCommand(std::string(ST_BINARY) +
+                             " finetune --data-dir " ST_SOURCE_DIR
+                             "/data --dataset-split 'train[:32]' --num-epochs 1 --packing off "
+                             "--max-grad-norm 1e9 --no-dashboard --progress off --storage-path " +
+                             dir + " --run-name " + name + flags);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream metrics(dir + "/" + name + "/metrics.jsonl");
+    std::string line;
+    std::getline(metrics, line);
+    return std::make_pair(r.out, nlohmann::json::parse(line));
+  };
+  for (int world : {1, 2}) {
+    const std::string w = " --topology " + std::to_string(world);
+    const auto [out_big, big] = first_step(w + " --batch-size-per-device 4", "big" + w.substr(12));
+    const auto [out_acc, acc] = first_step(
+        w + " --batch-size-per-device 1 --gradient-accumulation-steps 4", "acc" + w.substr(12));
+    EXPECT_NE(out_acc.find(" x 1 x 4 micro-batches"), std::string::npos) << out_acc;
+    EXPECT_EQ(big["step"], 1);
+    EXPECT_EQ(acc["step"], 1);
+    EXPECT_NEAR(acc["loss"].get<double>(), big["loss"].get<double>(),
+                1e-6 * big["loss"].get<double>());
+    EXPECT_NEAR(acc["grad_norm"].get<double>(), big["grad_norm"].get<double>(),
+                1e-4 * big["grad_norm"].get<double>());
+    EXPECT_EQ(acc["real_tokens"], big["real_tokens"]);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Finetune, StopAndResumeEqualsAnUninterruptedRun) {
   const std::string dir = test::TempDir("resume");
   ASSERT_FALSE(dir.empty());

@@ -85,6 +85,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.batch_size_per_device),
                                   "--max-seq-len",
                                   s(o.max_seq_len),
+                                  "--gradient-accumulation-steps",
+                                  s(o.gradient_accumulation_steps),
                                   "--lr-scheduler",
                                   o.lr_scheduler,
                                   "--warmup-steps",
@@ -313,6 +315,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       shape.batch = a.o.batch_size_per_device;
       shape.seq = a.o.max_seq_len;
       shape.layer_units = a.o.fsdp_units == "layer";
+      shape.accumulation = a.o.gradient_accumulation_steps;
       shape.threads = a.threads > 0     ? a.threads
                       : env.threads > 0 ? env.threads
                                         : std::max(1, cpu::NumThreads() / std::max(1, local));
@@ -408,6 +411,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--max-seq-len", o.max_seq_len,
                   "Tokens per row: longer examples are truncated (or split: --packing split); "
                   "the seed uses 512")
+      ->capture_default_str();
+  cmd->add_option("--gradient-accumulation-steps", o.gradient_accumulation_steps,
+                  "Micro-batches of --batch-size-per-device per optimizer step (one update as "
+                  "from a batch this many times larger)")
       ->capture_default_str();
   cmd->add_option("--lr-scheduler", o.lr_scheduler,
                   "Learning-rate schedule, as transformers' get_scheduler: constant, "

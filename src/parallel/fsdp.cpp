@@ -244,6 +244,8 @@ void FsdpModel::AfterBackward(int64_t layer, Part part) {
   if (u.total == 0) return;
   Slot& slot = SlotOf(unit);
   if (!status_.ok()) return;
+  Accumulate(unit, slot.grads.data(), u.shard * pg_.size());
+  if (!sync_) return;  // kept for the window's last micro-batch
   slot.reduce = comm_.Submit([this, &u, &slot] {
     ST_RETURN_IF_ERROR(pg_.ReduceScatter(slot.grads.data(), slot.reduced.data(), u.shard,
                                          DType::kF32, dist::ReduceOp::kAvg, options_.collective));
@@ -253,20 +255,46 @@ void FsdpModel::AfterBackward(int64_t layer, Part part) {
   });
 }
 
+void FsdpModel::Accumulate(int unit, float* grads, int64_t n) {
+  if (accum_.empty()) accum_.resize(static_cast<size_t>(num_units()));
+  std::vector<float>& a = accum_[static_cast<size_t>(unit)];
+  if (!sync_) {
+    if (a.empty()) a.assign(static_cast<size_t>(n), 0.0f);
+    for (int64_t j = 0; j < n; ++j) a[j] += grads[j];
+  } else if (!a.empty()) {
+    for (int64_t j = 0; j < n; ++j) grads[j] += a[j];
+    std::fill(a.begin(), a.end(), 0.0f);
+  }
+}
+
+size_t FsdpModel::AccumulationBytes() const {
+  size_t n = 0;
+  for (const auto& a : accum_) n += a.size() * sizeof(float);
+  return n;
+}
+
 StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const Batch& batch) {
+  return ForwardBackward(engine, batch, Micro{});
+}
+
+StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const Batch& batch,
+                                                   const Micro& micro) {
   status_ = Status::Ok();
+  sync_ = micro.sync;
   // The global count of valid targets (labels shifted by one), for the loss mean over all ranks.
   int64_t local = 0;
   for (int64_t b = 0; b < batch.B; ++b)
     for (int64_t t = 1; t < batch.T; ++t) local += batch.labels[b * batch.T + t] != -100;
-  float count = static_cast<float>(local);
-  std::future<Status> counted = comm_.Submit([this, &count] {
-    return pg_.AllReduce(&count, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective);
-  });
+  float count = static_cast<float>(micro.global_targets >= 0 ? micro.global_targets : local);
+  std::future<Status> counted;
+  if (micro.global_targets < 0)
+    counted = comm_.Submit([this, &count] {
+      return pg_.AllReduce(&count, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+    });
   // Root parameters for the whole step, then the first unit on its way.
   const Unit& root = units_[0];
   SubmitGather(0);
-  Wait(counted);
+  if (counted.valid()) Wait(counted);
   AwaitParams(0);
   if (options_.prefetch) SubmitGather(1);
   if (!status_.ok()) return status_;
@@ -285,7 +313,8 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   if (options_.prefetch) SubmitGather(num_units() - 1);
   engine.Backward(table_, batch, grad_scale, this);
   for (Slot& s : slots_) Wait(s.reduce);
-  if (status_.ok() && root.total > 0) {
+  if (root.total > 0) Accumulate(0, root_.grads.data(), root.shard * pg_.size());
+  if (status_.ok() && root.total > 0 && sync_) {
     Status s = Get(comm_.Submit([this, &root] {
       ST_RETURN_IF_ERROR(pg_.ReduceScatter(root_.grads.data(), root_.reduced.data(), root.shard,
                                            DType::kF32, dist::ReduceOp::kAvg, options_.collective));

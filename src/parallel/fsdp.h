@@ -75,6 +75,19 @@ class FsdpModel : public ParamHooks {
   // the gradients of one rank with the whole batch. Gradients are added to the gradient shards.
   // Returns the global batch's loss sum and valid count (Loss() is the global mean).
   StatusOr<ForwardResult> ForwardBackward(Gemma4Engine& engine, const Batch& batch);
+  // One micro-batch of an optimizer step that accumulates several (--gradient-accumulation-steps,
+  // transformers' semantics): the loss mean is over `global_targets`, every rank's targets of the
+  // whole window, and only the last micro-batch (sync) reduce-scatters; the others add each
+  // unit's unsharded gradient into a buffer kept until then (FSDP2's no-sync: parameters'
+  // worth of fp32 per rank while accumulating).
+  struct Micro {
+    int64_t global_targets = -1;  // < 0: this micro-batch's own (counted with an all-reduce)
+    bool sync = true;
+  };
+  StatusOr<ForwardResult> ForwardBackward(Gemma4Engine& engine, const Batch& batch,
+                                          const Micro& micro);
+  // Bytes the accumulation buffers take (0 until a non-sync micro-batch ran).
+  size_t AccumulationBytes() const;
   // The forward alone (evaluation): the same gathers, no gradient; loss_sum and num_valid are the
   // whole global batch's (all-reduced). Every rank calls it with its own batch.
   StatusOr<ForwardResult> Forward(Gemma4Engine& engine, const Batch& batch);
@@ -154,6 +167,13 @@ class FsdpModel : public ParamHooks {
   std::vector<int> unit_of_entry_, index_in_unit_;  // [entry]: for GatherTensor
   Slot root_;
   Slot slots_[2];
+  // Gradient accumulation: per unit its unsharded gradient summed over the window's micro-batches
+  // so far ([world * shard], allocated on first use); sync_ is the current micro-batch's.
+  std::vector<std::vector<float>> accum_;
+  bool sync_ = true;
+  // Adds the slot's gradient into the unit's buffer (not sync), or the buffer into the slot's
+  // gradient and clears it (sync, before the reduce-scatter).
+  void Accumulate(int unit, float* grads, int64_t n);
   ParamTable table_;
   dist::CommThread comm_;
   Status status_;  // first collective failure of the current step

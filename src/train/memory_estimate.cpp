@@ -82,6 +82,8 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   // and this rank's piece) and assembled for the file.
   e.workspace += (2 + 1 / W) * f32 * largest_trained;
   e.frozen_lookup_elements = lookup;
+  if (shape.accumulation > 1)
+    for (double u : unit) e.accumulation += f32 * u;
   e.terms = {
       {"sharded fp32 parameters", e.params},
       {"sharded gradients", e.grads},
@@ -95,6 +97,9 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
        e.workspace},
       {"runtime (binary, libraries, thread and communication buffers)", e.runtime},
   };
+  if (e.accumulation > 0)
+    e.terms.push_back(
+        {"gradient accumulation (every unit's unsharded fp32 gradient)", e.accumulation});
   std::stable_sort(e.terms.begin(), e.terms.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
   return e;
@@ -179,6 +184,7 @@ std::string FormatMemoryPlan(const WorkerMemoryEstimate& e, const WorkerShape& s
   row("gradients (fp32 shard)", e.grads);
   row("optimizer state (2 moments)", e.optimizer);
   row("gathered units", e.gathered_units);
+  if (e.accumulation > 0) row("gradient accumulation (unsharded)", e.accumulation);
   row("frozen tensors in fp32", e.frozen_fp32);
   row("activations", e.activations);
   row("workspace", e.workspace);

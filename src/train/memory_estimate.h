@@ -38,6 +38,7 @@ struct WorkerMemoryEstimate {
   // Bytes of each part, for reports (the same figures as the terms).
   double params = 0, grads = 0, optimizer = 0, gathered_units = 0, frozen_fp32 = 0, activations = 0,
          workspace = 0, runtime = kWorkerRuntimeBytes;
+  double accumulation = 0;  // --gradient-accumulation-steps > 1: unsharded gradients
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   // Frozen elements never copied (the per-layer table when frozen): read from the checkpoint's
   // mapped files, or generated for a preset.
@@ -52,6 +53,9 @@ struct WorkerShape {
   int threads = 1;  // compute threads per worker (the attention workspace is per thread)
   // The weights are generated (a preset), not read from files: small frozen layers are kept.
   bool generated_weights = false;
+  // --gradient-accumulation-steps: above 1, every unit's unsharded gradient is kept between the
+  // micro-batches (FsdpModel::Micro).
+  int64_t accumulation = 1;
 };
 
 // One worker of shape.world with a per-worker batch of shape.batch x shape.seq tokens.

@@ -18,6 +18,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"num_epochs", o.num_epochs},
           {"batch_size_per_device", o.batch_size_per_device},
           {"max_seq_len", o.max_seq_len},
+          {"gradient_accumulation_steps", o.gradient_accumulation_steps},
           {"lr_scheduler", o.lr_scheduler},
           {"warmup_steps", o.warmup_steps},
           {"warmup_ratio", o.warmup_ratio},

@@ -53,14 +53,16 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
   std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", s.world);
   std::string split;
   if (s.split > 0) split = StrCat(", ", s.split, " split into pieces");
+  const std::string micro =
+      s.accumulation > 1 ? StrCat(" x ", s.accumulation, " micro-batches") : std::string();
   if (s.untrained > 0) split += StrCat(", ", s.untrained, " with no target left");
   std::printf(
       "Data: %s; %lld examples of up to %lld tokens (mean %.1f; %lld truncated%s); %s; %lld "
-      "steps per epoch of %d x %lld; lr=%g (%s); %.2f M trainable parameters, %.2f M frozen\n",
+      "steps per epoch of %d x %lld%s; lr=%g (%s); %.2f M trainable parameters, %.2f M frozen\n",
       s.data.c_str(), (long long)s.examples, (long long)s.max_seq_len,
       s.examples > 0 ? static_cast<double>(s.tokens) / static_cast<double>(s.examples) : 0.0,
       (long long)s.truncated, split.c_str(), s.layout.c_str(), (long long)s.steps_per_epoch,
-      s.world, (long long)s.batch_size_per_device, s.lr, s.lr_schedule.c_str(),
+      s.world, (long long)s.batch_size_per_device, micro.c_str(), s.lr, s.lr_schedule.c_str(),
       s.trainable_parameters / 1e6, s.frozen_parameters / 1e6);
   if (!s.adapters.empty()) {
     const double all = static_cast<double>(s.trainable_parameters + s.frozen_parameters);

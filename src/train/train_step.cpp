@@ -2,37 +2,67 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace st {
 
-StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set, const StepRows& rows,
-                               const BatchingOptions& batching, TrainState& state) {
+StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
+                               std::span<const StepRows> micro, const BatchingOptions& batching,
+                               TrainState& state) {
   // Step metrics: data / compute / comm-wait split and collective totals, measured here and in
   // FsdpModel without changing what is computed or the order of collectives.
   using Clock = std::chrono::steady_clock;
   const auto s0 = Clock::now();
   const dist::CollectiveTotals c0 = p.pg.totals();
   const double wait0 = p.fsdp.CommWaitSeconds();
-  const TokenBatch tb = CollateStep(set, rows, batching);
-  std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());  // [B, T]
-  const Batch b{tb.input_ids.data(),
-                mask.data(),
-                tb.labels.data(),
-                tb.B,
-                tb.T,
-                tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+  ST_CHECK(!micro.empty());
+  const size_t K = micro.size();
+  std::vector<TokenBatch> tbs;
+  std::vector<std::vector<uint8_t>> masks;
   StepResult out;
-  out.real_tokens = tb.real_tokens;
-  out.tokens = tb.B * tb.T;
+  int64_t local_targets = 0;
+  for (const StepRows& rows : micro) {
+    tbs.push_back(CollateStep(set, rows, batching));
+    const TokenBatch& tb = tbs.back();
+    masks.emplace_back(tb.attention_mask.begin(), tb.attention_mask.end());  // [B, T]
+    out.real_tokens += tb.real_tokens;
+    out.tokens += tb.B * tb.T;
+    for (int64_t r = 0; r < tb.B; ++r)
+      for (int64_t t = 1; t < tb.T; ++t) local_targets += tb.labels[r * tb.T + t] != kIgnoreIndex;
+  }
   const auto s1 = Clock::now();
   p.fsdp.ZeroGrad();
-  // Dropout masks differ per step and per rank (each rank's batch is different data), and are
-  // the same when a resumed run redoes a step.
-  p.engine.SetDropoutSeed(
-      (p.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(state.global_step)) *
-          0x100000001b3ull +
-      static_cast<uint64_t>(p.pg.rank()));
-  ST_ASSIGN_OR_RETURN(ForwardResult r, p.fsdp.ForwardBackward(p.engine, b));
+  // Accumulating: the loss mean's denominator is the whole window's targets on every rank.
+  float window_targets = static_cast<float>(local_targets);
+  if (K > 1)
+    ST_RETURN_IF_ERROR(
+        p.pg.AllReduce(&window_targets, 1, DType::kF32, dist::ReduceOp::kSum, p.collective));
+  ForwardResult r;
+  for (size_t k = 0; k < K; ++k) {
+    const TokenBatch& tb = tbs[k];
+    const Batch b{tb.input_ids.data(),
+                  masks[k].data(),
+                  tb.labels.data(),
+                  tb.B,
+                  tb.T,
+                  tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+    // Dropout masks differ per step, micro-batch and rank (each rank's batch is different data),
+    // and are the same when a resumed run redoes a step.
+    p.engine.SetDropoutSeed(
+        (p.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(state.global_step)) *
+            0x100000001b3ull +
+        static_cast<uint64_t>(p.pg.rank()) + (static_cast<uint64_t>(k) << 32));
+    if (K == 1) {
+      ST_ASSIGN_OR_RETURN(r, p.fsdp.ForwardBackward(p.engine, b));
+    } else {
+      FsdpModel::Micro m;
+      m.global_targets = static_cast<int64_t>(std::llround(window_targets));
+      m.sync = k + 1 == K;
+      ST_ASSIGN_OR_RETURN(ForwardResult rk, p.fsdp.ForwardBackward(p.engine, b, m));
+      r.loss_sum += rk.loss_sum;  // each already every rank's
+      r.num_valid = rk.num_valid;
+    }
+  }
   double clip_s = 0;  // grad_norm -1: rank 0 sums the ranks' squares instead
   if (p.max_grad_norm > 0) {
     const auto k0 = Clock::now();

@@ -38,12 +38,14 @@ struct StepResult {
   std::vector<WorkerSample> samples;  // [world]: every rank's measurements of the step
 };
 
-// Runs the step on `rows` of `set` (batched as `batching` says) and advances `state`
-// (global_step, step_in_epoch, epoch_loss_sum). Collectives, the same on every rank:
-// FsdpModel::ForwardBackward's, one all-reduce when clipping, then one all-gather of the samples
-// after the optimizer step.
+// Runs the step on `micro` (its micro-batches: one, or --gradient-accumulation-steps) of `set`,
+// batched as `batching` says, and advances `state` (global_step, step_in_epoch,
+// epoch_loss_sum). With several micro-batches the loss is the mean over all of their targets (one
+// all-reduce of the count first) and only the last reduce-scatters, as transformers >= 4.46 and
+// FSDP2's no-sync accumulate. Collectives, the same on every rank: FsdpModel::ForwardBackward's,
+// one all-reduce when clipping, then one all-gather of the samples after the optimizer step.
 StatusOr<StepResult> TrainStep(const StepParts& parts, const TokenizedSet& set,
-                               const StepRows& rows, const BatchingOptions& batching,
+                               std::span<const StepRows> micro, const BatchingOptions& batching,
                                TrainState& state);
 
 }  // namespace st

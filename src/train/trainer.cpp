@@ -100,9 +100,11 @@ DatasetOptions DatasetOf(const FinetuneOptions& o) {
 }
 
 Status ValidateFinetuneOptions(const FinetuneOptions& o) {
-  if (o.num_epochs < 1 || o.batch_size_per_device < 1 || o.max_seq_len < 2)
+  if (o.num_epochs < 1 || o.batch_size_per_device < 1 || o.max_seq_len < 2 ||
+      o.gradient_accumulation_steps < 1)
     return InvalidArgument(
-        "--num-epochs, --batch-size-per-device must be >= 1 and --max-seq-len >= 2");
+        "--num-epochs, --batch-size-per-device, --gradient-accumulation-steps must be >= 1 and "
+        "--max-seq-len >= 2");
   if (o.score_attribute != "loss" && o.score_attribute != "epoch" &&
       o.score_attribute != "epoch_time_s" && o.score_attribute != "tokens_per_s" &&
       o.score_attribute != "eval_loss")
@@ -234,8 +236,11 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   const TokenizedSet& set = data.examples;
   const BatchingOptions batching = BatchingOf(o, data.pad_id);
   // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
-  const int64_t steps_per_epoch =
-      static_cast<int64_t>(PlanEpoch(set, batching, world, rank, 0).size());
+  // Optimizer steps: the plan's micro-batches, --gradient-accumulation-steps at a time (the
+  // epoch's last step may take fewer, as transformers' last accumulation window does).
+  const int64_t micro_steps = static_cast<int64_t>(PlanEpoch(set, batching, world, rank, 0).size());
+  const int64_t K = o.gradient_accumulation_steps;
+  const int64_t steps_per_epoch = (micro_steps + K - 1) / K;
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
                                   " workers x --batch-size-per-device ", o.batch_size_per_device));
@@ -445,6 +450,7 @@ SetupSummary Trainer::Summary() const {
   s.steps_per_epoch = in_.steps_per_epoch;
   s.world = world_;
   s.batch_size_per_device = o_.batch_size_per_device;
+  s.accumulation = o_.gradient_accumulation_steps;
   s.lr = adam_.lr;
   s.lr_schedule = schedule_.Describe();
   s.trainable_parameters = TrainableParameters();
@@ -514,7 +520,8 @@ Status Trainer::RunEpoch(TrainState& state) {
   const auto t0 = Clock::now();
   const std::vector<StepRows> plan =
       PlanEpoch(in_.data.examples, in_.batching, world_, rank_, state.epoch);
-  const int64_t steps = static_cast<int64_t>(plan.size());
+  const int64_t K = o_.gradient_accumulation_steps;
+  const int64_t steps = (static_cast<int64_t>(plan.size()) + K - 1) / K;  // optimizer steps
   // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time and
   // throughput then cover the steps run since.
   const int64_t skip = state.step_in_epoch;
@@ -524,9 +531,13 @@ Status Trainer::RunEpoch(TrainState& state) {
     AdamWConfig adam = adam_;  // this step's learning rate
     adam.lr = schedule_.At(state.global_step);
     const StepParts parts{engine_, fsdp_, adam, o_.max_grad_norm, pg_, collective_, o_.seed};
-    ST_ASSIGN_OR_RETURN(
-        StepResult step,
-        TrainStep(parts, in_.data.examples, plan[static_cast<size_t>(i)], in_.batching, state));
+    ST_ASSIGN_OR_RETURN(StepResult step,
+                        TrainStep(parts, in_.data.examples,
+                                  std::span<const StepRows>(plan).subspan(
+                                      static_cast<size_t>(i * K),
+                                      static_cast<size_t>(std::min<int64_t>(
+                                          K, static_cast<int64_t>(plan.size()) - i * K))),
+                                  in_.batching, state));
     real_tokens += step.real_tokens;
     tokens += step.tokens;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -42,6 +42,9 @@ struct FinetuneOptions {
   std::string dataset_config, dataset_revision, dataset_field, messages_field;
   int64_t num_epochs = 3;
   int64_t batch_size_per_device = 4;
+  // Micro-batches of batch_size_per_device per optimizer step (transformers'
+  // gradient_accumulation_steps): the same update as one batch this many times larger.
+  int64_t gradient_accumulation_steps = 1;
   int64_t max_seq_len = 64;
   // How records become rows (data/chat_template.h, data/batching.h): --template
   // (auto|instruction|gemma-chat|none), --train-on (auto|responses|all), --packing (truncate |
