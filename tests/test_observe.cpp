@@ -370,7 +370,13 @@ TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
   {
     observe::RunRecorder first;
     first.OnStart(TestRun(storage, "r"));
-    for (int64_t s = 1; s <= 5; ++s) first.OnStep(TestStep(s, 1));  // died in epoch 2
+    for (int64_t s = 1; s <= 5; ++s) {
+      first.OnStep(TestStep(s, 1));  // died in epoch 2
+      EvalMetrics ev;
+      ev.step = s;
+      ev.eval_loss = 2;
+      first.OnEval(ev);
+    }
     first.OnEpoch({1, 3, 1, 1, 1, 1, 0});
     first.Finish(InvalidArgument("killed"));
   }
@@ -381,6 +387,8 @@ TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
   ASSERT_EQ(log.steps.size(), 4u);
   for (size_t i = 0; i < log.steps.size(); ++i) EXPECT_EQ(log.steps[i]["step"], i + 1);
   EXPECT_EQ(log.epochs.size(), 1u);
+  ASSERT_EQ(log.evals.size(), 3u);  // up to the checkpoint's step 3, once
+  EXPECT_EQ(log.evals.back()["step"], 3);
   fs::remove_all(storage);
 }
 
@@ -419,11 +427,16 @@ TEST(Plot, TrainingCurvesFromTheRunDirectory) {
   observe::RunRecorder rec;
   rec.OnStart(TestRun(storage, "r"));
   for (int64_t s = 1; s <= 4; ++s) rec.OnStep(TestStep(s, 5.0 / s));
+  EvalMetrics ev;
+  ev.step = 4;
+  ev.eval_loss = 1.5;
+  rec.OnEval(ev);
   rec.Finish(Status::Ok());
   auto paths = observe::WriteTrainingCurves((fs::path(storage) / "r").string(), "r");
   ASSERT_TRUE(paths.ok()) << paths.status().ToString();
   ASSERT_GE(paths->size(), 1u);
   EXPECT_EQ(CheckXml(ReadFile(paths->front()), "svg"), "");
+  EXPECT_NE(ReadFile(paths->front()).find("eval loss (held-out)"), std::string::npos);
   if (!observe::FindOnPath("rsvg-convert").empty()) {
     ASSERT_EQ(paths->size(), 2u);
     const std::string png = ReadFile(paths->at(1));

@@ -186,9 +186,14 @@ StatusOr<std::vector<std::string>> WriteTrainingCurves(const std::string& run_di
   }
   for (const auto& e : log.epochs)
     epoch_loss.points.push_back({e.value("global_step", 0.0), e.value("loss", 0.0)});
-  const std::string svg = PlotSvg("slicetrain: " + run_name, "global step",
-                                  {{"Training loss", "loss", {loss, epoch_loss}},
-                                   {"Throughput", "tokens / s", {padded, real}}});
+  Series eval{"eval loss (held-out)", "#9467bd", {}};
+  for (const auto& e : log.evals)
+    eval.points.push_back({e.value("step", 0.0), e.value("eval_loss", 0.0)});
+  std::vector<Series> losses = {loss, epoch_loss};
+  if (!eval.points.empty()) losses.push_back(eval);
+  const std::string svg =
+      PlotSvg("slicetrain: " + run_name, "global step",
+              {{"Training loss", "loss", losses}, {"Throughput", "tokens / s", {padded, real}}});
   std::vector<std::string> written;
   const std::string svg_path = (fs::path(run_dir) / "training_curves.svg").string();
   {

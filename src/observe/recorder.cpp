@@ -82,6 +82,9 @@ void RunRecorder::OnStart(const RunInfo& run) {
   for (const auto& e : old.epochs)
     if (e.value("epoch", int64_t{0}) <= run.first_epoch) epochs_.push_back(e);
   for (const auto& e : epochs_) jsonl_ << e.dump() << "\n";
+  for (const auto& e : old.evals)
+    if (run.resumed_step > 0 && e.value("step", int64_t{0}) <= run.resumed_step)
+      jsonl_ << e.dump() << "\n";
   jsonl_.flush();
   if (tensorboard_) {
     // A new file per (re)start, as TensorBoard's writers do; the reader merges a directory's.

@@ -100,6 +100,8 @@ MetricsLog ReadMetricsLog(const std::string& run_dir, int64_t since_step) {
       log.steps.push_back(std::move(j));
     else if (type == "epoch" && Get<int64_t>(j, "global_step", 0) > since_step)
       log.epochs.push_back(std::move(j));
+    else if (type == "eval" && Get<int64_t>(j, "step", 0) > since_step)
+      log.evals.push_back(std::move(j));
   }
   return log;
 }
