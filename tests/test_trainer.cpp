@@ -231,19 +231,29 @@ TEST(Finetune, EvaluationDuringTrainingAndEarlyStopping) {
   ASSERT_TRUE(std::regex_search(e.out, m, std::regex(R"(\"loss\": ([0-9.]+))"))) << e.out;
   EXPECT_NEAR(std::stod(m[1]), best, 1e-3 * best);
 
-  const Ran stop = RunCommand(base +
-                              " --run-name b --num-epochs 5 --lr 0.5 --eval-steps 2 "
-                              "--early-stopping-patience 2");
+  // Early stopping, uninterrupted and resumed after the first epoch (the count is in the
+  // checkpoint): the same evaluations, the same stop.
+  const std::string diverge = " --lr 0.05 --eval-steps 3 --early-stopping-patience 3";
+  const Ran stop = RunCommand(base + diverge + " --run-name b --num-epochs 6");
   ASSERT_EQ(stop.code, 0) << stop.out;
-  EXPECT_NE(stop.out.find("Early stopping: eval_loss has not improved"), std::string::npos)
-      << stop.out;
-  EXPECT_EQ(stop.out.find("Epoch 5/5"), std::string::npos) << stop.out;
+  auto stopped = [](const std::string& out) {
+    const size_t at = out.find("Early stopping: eval_loss has not improved");
+    return at == std::string::npos ? std::string("(none)")
+                                   : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_NE(stopped(stop.out), "(none)") << stop.out;
+  EXPECT_EQ(stop.out.find("Epoch 6/6"), std::string::npos) << stop.out;
+  const Ran first = RunCommand(base + diverge + " --run-name c --num-epochs 1");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const Ran rest = RunCommand(base + diverge + " --run-name c --num-epochs 6 --resume");
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  EXPECT_EQ(stopped(rest.out), stopped(stop.out)) << rest.out;
 
   const Ran overlap = RunCommand(bin +
                                  " finetune --data-dir " ST_SOURCE_DIR
                                  "/data --dataset-split 'train[:128]' --eval-split "
                                  "'train[100:150]' --storage-path " +
-                                 dir + " --run-name c");
+                                 dir + " --run-name d");
   EXPECT_EQ(overlap.code, 2) << overlap.out;
   EXPECT_NE(overlap.out.find("overlaps the training split"), std::string::npos) << overlap.out;
   fs::remove_all(dir);

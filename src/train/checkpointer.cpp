@@ -58,6 +58,10 @@ StatusOr<TrainState> Checkpointer::Resume(bool required) {
     state.step_in_epoch = point.step_in_epoch;
     if (auto it = point.state.find("epoch_loss_sum"); it != point.state.end() && it->is_number())
       state.epoch_loss_sum = it->get<double>();
+    if (auto it = point.state.find("best_eval_loss"); it != point.state.end() && it->is_number())
+      state.best_eval_loss = it->get<double>();
+    if (auto it = point.state.find("evals_since_best"); it != point.state.end() && it->is_number())
+      state.evals_since_best = it->get<int64_t>();
     if (state.step_in_epoch >= options_.steps_per_epoch)
       return InvalidArgument(StrCat(point.dir, " was taken at step ", state.step_in_epoch,
                                     " of an epoch, but this data set and batch size give ",
@@ -157,6 +161,10 @@ Status Checkpointer::Save(const TrainState& state, const std::string& metrics_js
   if (inside_epoch) {
     fields["step_in_epoch"] = state.step_in_epoch;
     fields["epoch_loss_sum"] = state.epoch_loss_sum;
+  }
+  if (state.best_eval_loss >= 0) {
+    fields["best_eval_loss"] = state.best_eval_loss;
+    fields["evals_since_best"] = state.evals_since_best;
   }
   ST_RETURN_IF_ERROR(
       CommitCheckpoint(pending, dir, {options_.tokenizer_dir, metrics_json, fields.dump(2)}));

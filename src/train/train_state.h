@@ -14,6 +14,10 @@ struct TrainState {
   // The sum of the epoch's step losses so far (each the global batch's mean, the same on every
   // rank); divided by the epoch's steps at its end, the epoch's loss.
   double epoch_loss_sum = 0;
+  // Early stopping (--eval-split): the lowest eval_loss so far and the evaluations since it (no
+  // evaluation yet: best_eval_loss < 0).
+  double best_eval_loss = -1;
+  int64_t evals_since_best = 0;
 };
 
 }  // namespace st

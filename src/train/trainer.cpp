@@ -364,11 +364,13 @@ class Trainer {
   Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
           const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
   Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_tokens, int64_t tokens);
-  // The held-out loss (every rank takes part), reported; updates the early-stopping count.
-  StatusOr<double> Evaluate(const TrainState& state, bool at_epoch_end);
-  bool stop_ = false;            // early stopping fired
-  double best_eval_ = INFINITY;  // the lowest eval_loss so far
-  int64_t evals_since_best_ = 0;
+  // The held-out loss (every rank takes part), reported; updates the early-stopping count in
+  // state (kept in checkpoints, so a resume or restart continues it).
+  StatusOr<double> Evaluate(TrainState& state, bool at_epoch_end);
+  bool stop_ = false;  // early stopping fired
+  // The last evaluation's step and loss: the epoch's end reuses one taken at its last step.
+  int64_t last_eval_step_ = -1;
+  double last_eval_loss_ = 0;
   SetupSummary Summary() const;
   // Parameters the optimizer updates (the step metrics' model FLOP/s count them).
   int64_t TrainableParameters() const {
@@ -545,8 +547,7 @@ Status Trainer::RunEpoch(TrainState& state) {
     if (o_.save_steps > 0 && state.step_in_epoch % o_.save_steps == 0 &&
         state.step_in_epoch < steps)
       ST_RETURN_IF_ERROR(checkpointer_->SaveInsideEpoch(state));
-    if (in_.eval && o_.eval_steps > 0 && state.global_step % o_.eval_steps == 0 &&
-        state.step_in_epoch < steps) {
+    if (in_.eval && o_.eval_steps > 0 && state.global_step % o_.eval_steps == 0) {
       ST_RETURN_IF_ERROR(Evaluate(state, false).status());
       if (stop_) break;
     }
@@ -569,7 +570,9 @@ Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_t
   // world x max_seq_len per step); real tokens/s counts only the examples' tokens.
   em.tokens_per_s = counts[1] / em.epoch_time_s;
   em.real_tokens_per_s = counts[0] / em.epoch_time_s;
-  if (in_.eval) {
+  if (in_.eval && last_eval_step_ == state.global_step) {
+    em.eval_loss = last_eval_loss_;  // --eval-steps evaluated this very step
+  } else if (in_.eval) {
     ST_ASSIGN_OR_RETURN(em.eval_loss, Evaluate(state, true));
   }
   reporter_.Epoch(em);
@@ -577,12 +580,13 @@ Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_t
     std::printf(
         "Early stopping: eval_loss has not improved on %.4f for %lld evaluations "
         "(--early-stopping-patience)\n",
-        best_eval_, (long long)evals_since_best_);
-  state = TrainState{state.epoch + 1, state.global_step, 0, 0};
+        state.best_eval_loss, (long long)state.evals_since_best);
+  state = TrainState{state.epoch + 1,      state.global_step,     0, 0,
+                     state.best_eval_loss, state.evals_since_best};
   return checkpointer_->SaveEpoch(state, em);
 }
 
-StatusOr<double> Trainer::Evaluate(const TrainState& state, bool at_epoch_end) {
+StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {
   const auto t0 = Clock::now();
   // Every example once, the same number of forwards on every rank, in the run's row layout
   // (max_length rows would drop a partial batch: the held-out rows are padded to their longest).
@@ -621,10 +625,13 @@ StatusOr<double> Trainer::Evaluate(const TrainState& state, bool at_epoch_end) {
   m.tokens = targets;
   m.eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
   reporter_.Eval(m, at_epoch_end);
-  if (m.eval_loss < best_eval_) {
-    best_eval_ = m.eval_loss;
-    evals_since_best_ = 0;
-  } else if (++evals_since_best_ >= o_.early_stopping_patience && o_.early_stopping_patience > 0) {
+  last_eval_step_ = state.global_step;
+  last_eval_loss_ = m.eval_loss;
+  if (state.best_eval_loss < 0 || m.eval_loss < state.best_eval_loss) {
+    state.best_eval_loss = m.eval_loss;
+    state.evals_since_best = 0;
+  } else if (++state.evals_since_best >= o_.early_stopping_patience &&
+             o_.early_stopping_patience > 0) {
     stop_ = true;
   }
   return m.eval_loss;
