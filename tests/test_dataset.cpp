@@ -270,7 +270,8 @@ TEST(Collate, MatchesTransformersDataCollator) {
     return v;
   };
   EXPECT_EQ(b.input_ids, flat(g["input_ids"]));
-  EXPECT_EQ(b.attention_mask, flat(g["attention_mask"]));
+  EXPECT_EQ(std::vector<int32_t>(b.attention_mask.begin(), b.attention_mask.end()),
+            flat(g["attention_mask"]));
   EXPECT_EQ(b.labels, flat(g["labels"]));
   // Reordered rows gather the same data.
   std::vector<int64_t> two = {3, 0};

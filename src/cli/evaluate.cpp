@@ -16,6 +16,7 @@
 #include "io/peft_adapter.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 
 namespace st::cli {
@@ -99,9 +100,7 @@ Status Run(const EvaluateArgs& a) {
     const int64_t longest = set.length(rows.front());
     TokenBatch tb = Collate(set, rows, data.pad_id, false,
                             std::min(a.max_seq_len, std::max<int64_t>(8, (longest + 7) / 8 * 8)));
-    std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
-    ForwardResult r = engine.Forward(
-        table, Batch{tb.input_ids.data(), mask.data(), tb.labels.data(), tb.B, tb.T}, &frozen);
+    ForwardResult r = engine.Forward(table, BatchOf(tb), &frozen);
     loss_sum += r.loss_sum;
     tokens += r.num_valid;
     ++done;

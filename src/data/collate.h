@@ -49,7 +49,7 @@ struct TokenizedSet {
 struct TokenBatch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> input_ids;       // [B, T]
-  std::vector<int32_t> attention_mask;  // [B, T] 1 / 0
+  std::vector<uint8_t> attention_mask;  // [B, T] 1 / 0 (the engine's Batch mask as it is)
   std::vector<int32_t> labels;          // [B, T] input id, or kIgnoreIndex
   std::vector<int32_t> position_ids;    // [B, T] when rows hold packed examples, else empty
   int64_t real_tokens = 0;              // attention-mask ones

@@ -18,13 +18,11 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   ST_CHECK(!micro.empty());
   const size_t K = micro.size();
   std::vector<TokenBatch> tbs;
-  std::vector<std::vector<uint8_t>> masks;
   StepResult out;
   int64_t local_targets = 0;
   for (const StepRows& rows : micro) {
     tbs.push_back(CollateStep(set, rows, batching));
     const TokenBatch& tb = tbs.back();
-    masks.emplace_back(tb.attention_mask.begin(), tb.attention_mask.end());  // [B, T]
     out.real_tokens += tb.real_tokens;
     out.tokens += tb.B * tb.T;
     for (int64_t r = 0; r < tb.B; ++r)
@@ -40,12 +38,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   ForwardResult r;
   for (size_t k = 0; k < K; ++k) {
     const TokenBatch& tb = tbs[k];
-    const Batch b{tb.input_ids.data(),
-                  masks[k].data(),
-                  tb.labels.data(),
-                  tb.B,
-                  tb.T,
-                  tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+    const Batch b = BatchOf(tb);
     // Dropout masks differ per step, micro-batch and rank (each rank's batch is different data),
     // and are the same when a resumed run redoes a step.
     p.engine.SetDropoutSeed(

@@ -19,6 +19,16 @@
 
 namespace st {
 
+// The engine's view of a collated batch (no copy; tb must outlive it).
+inline Batch BatchOf(const TokenBatch& tb) {
+  return Batch{tb.input_ids.data(),
+               tb.attention_mask.data(),
+               tb.labels.data(),
+               tb.B,
+               tb.T,
+               tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+}
+
 // What a step works on; all of it outlives the step.
 struct StepParts {
   Gemma4Engine& engine;

@@ -599,13 +599,7 @@ StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {
   engine_.SetDropout(false);
   for (const StepRows& rows : PlanEpoch(set, b, world_, rank_, 0)) {
     const TokenBatch tb = CollateStep(set, rows, b);
-    std::vector<uint8_t> mask(tb.attention_mask.begin(), tb.attention_mask.end());
-    const Batch batch{tb.input_ids.data(),
-                      mask.data(),
-                      tb.labels.data(),
-                      tb.B,
-                      tb.T,
-                      tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+    const Batch batch = BatchOf(tb);
     StatusOr<ForwardResult> r = fsdp_.Forward(engine_, batch);
     if (!r.ok()) {
       engine_.SetDropout(true);
