@@ -71,8 +71,9 @@ TEST_P(LinearParity, ForwardAndBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearParity,
-                         ::testing::Values(LinearShape{1, 1, 1}, LinearShape{7, 13, 5},
-                                           LinearShape{64, 33, 17}, LinearShape{130, 64, 200}));
+                         ::testing::Values(LinearShape{1, 1, 1}, LinearShape{1, 70, 300},
+                                           LinearShape{7, 13, 5}, LinearShape{64, 33, 17},
+                                           LinearShape{130, 64, 200}));
 
 TEST(EmbeddingParity, RepeatedIdsAndPadding) {
   const int64_t V = 37, C = 19, N = 300;

@@ -47,6 +47,7 @@ void RegisterInfoCommand(CLI::App& app, Context& ctx);
 void RegisterStepCommand(CLI::App& app, Context& ctx);
 void RegisterFinetuneCommand(CLI::App& app, Context& ctx);
 void RegisterEvaluateCommand(CLI::App& app, Context& ctx);
+void RegisterGenerateCommand(CLI::App& app, Context& ctx);  // generate and chat
 void RegisterExportCommand(CLI::App& app, Context& ctx);
 void RegisterTokenizeCommand(CLI::App& app, Context& ctx);
 void RegisterDownloadCommand(CLI::App& app, Context& ctx);

@@ -107,6 +107,10 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(o.eval_steps),
                                   "--early-stopping-patience",
                                   s(o.early_stopping_patience),
+                                  "--sample-prompts",
+                                  o.sample_prompts,
+                                  "--sample-max-new-tokens",
+                                  s(o.sample_max_new_tokens),
                                   "--template",
                                   o.chat_template,
                                   "--train-on",
@@ -446,6 +450,12 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--early-stopping-patience", o.early_stopping_patience,
                   "Stop after this many evaluations without a lower eval_loss (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--sample-prompts", o.sample_prompts,
+                  "Prompts (one per line, or JSON lines with \"prompt\") that each epoch's "
+                  "checkpoint answers greedily; printed and stored in metrics.jsonl");
+  cmd->add_option("--sample-max-new-tokens", o.sample_max_new_tokens,
+                  "Tokens each --sample-prompts answer may have")
       ->capture_default_str();
   cmd->add_option("--template", o.chat_template,
                   "How records become text: auto (gemma-chat when the tokenizer has Gemma 4's "

@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
   st::cli::RegisterStepCommand(app, ctx);
   st::cli::RegisterFinetuneCommand(app, ctx);
   st::cli::RegisterEvaluateCommand(app, ctx);
+  st::cli::RegisterGenerateCommand(app, ctx);
   st::cli::RegisterExportCommand(app, ctx);
   st::cli::RegisterTokenizeCommand(app, ctx);
   st::cli::RegisterDownloadCommand(app, ctx);

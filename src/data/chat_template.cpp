@@ -1,6 +1,7 @@
 #include "data/chat_template.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "data/utf8.h"
 
@@ -159,6 +160,50 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
     add(turn_close_, all || model);
     for (int32_t id : tok_->Encode("\n", false)) add(id, all);
   }
+  return Status::Ok();
+}
+
+Status ExampleRenderer::RenderPrompt(const std::vector<ChatMessage>& messages, bool start,
+                                     std::vector<int32_t>* out) const {
+  if (messages.empty() || messages.back().role != "user")
+    return InvalidArgument("a prompt must end with a user message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "user" && role != "system")
+      return InvalidArgument(StrCat("a prompt holds user and system messages, not '", role, "'"));
+    if (role == "system" && (i != 0 || !start))
+      return InvalidArgument("a system message can only open a conversation");
+  }
+  if (kind_ == TemplateKind::kGemmaChat) {
+    if (start)
+      out->push_back(bos_);
+    else
+      for (int32_t id : tok_->Encode("\n", false)) out->push_back(id);
+    for (const ChatMessage& m : messages) {
+      out->push_back(turn_open_);
+      for (int32_t id :
+           tok_->Encode(m.role + "\n" + std::string(StripPythonWhitespace(m.content)), false))
+        out->push_back(id);
+      out->push_back(turn_close_);
+      for (int32_t id : tok_->Encode("\n", false)) out->push_back(id);
+    }
+    out->push_back(turn_open_);
+    for (int32_t id : tok_->Encode("model\n", false)) out->push_back(id);
+    return Status::Ok();
+  }
+  InstructionRecord r;
+  r.instruction = messages.back().content;
+  if (messages.front().role == "system") r.context = messages.front().content;
+  std::string text = prompt_.Format(r);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (start) {
+    std::vector<int32_t> prefix, suffix;
+    tok_->SpecialsAround(&prefix, &suffix);
+    out->insert(out->end(), prefix.begin(), prefix.end());
+  } else {
+    text = "\n" + text;
+  }
+  for (int32_t id : tok_->Encode(text, false)) out->push_back(id);
   return Status::Ok();
 }
 

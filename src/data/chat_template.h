@@ -67,6 +67,18 @@ class ExampleRenderer {
   // cannot express (a system turn after the first message).
   Status Render(const InstructionRecord& r, RenderedExample* out) const;
 
+  // The tokens that ask the model for its turn after `messages` (a first system turn, then user
+  // turns), appended to *out: gemma-chat renders them as Render does and adds the generation
+  // prompt `<|turn>model\n` (what the model was fine-tuned to answer after; add_generation_prompt
+  // of the training template); instruction and none render the last user turn (a system turn as
+  // its context) with an empty response, trailing whitespace removed. `start`: the sequence's
+  // first tokens (bos first); false continues a conversation after the model's `<turn|>` (the
+  // newline that closes it comes first).
+  Status RenderPrompt(const std::vector<ChatMessage>& messages, bool start,
+                      std::vector<int32_t>* out) const;
+  // The id of `<turn|>` with gemma-chat (where a model turn ends), else -1.
+  int32_t turn_close() const { return kind_ == TemplateKind::kGemmaChat ? turn_close_ : -1; }
+
   TemplateKind kind() const { return kind_; }
   TrainOn train_on() const { return train_on_; }
 

@@ -51,8 +51,8 @@ const Ops& OpsFor(Backend b) {
 }
 #undef ST_OPS_OF
 
-// cos/sin tables [T, D/2] for one layer type (fp32 inverse frequencies and angles, as
-// transformers computes them; proportional RoPE leaves frequencies past the rotary part at 0).
+}  // namespace
+
 void RopeTable(const RopeParams& r, int64_t D, int64_t T, std::vector<float>* cos_t,
                std::vector<float>* sin_t) {
   const int64_t half = D / 2;
@@ -72,8 +72,6 @@ void RopeTable(const RopeParams& r, int64_t D, int64_t T, std::vector<float>* co
       (*sin_t)[t * half + j] = static_cast<float>(std::sin(static_cast<double>(angle)));
     }
 }
-
-}  // namespace
 
 StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string& name) {
   if (name == "none") return ActivationCheckpointing::kNone;

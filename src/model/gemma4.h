@@ -275,6 +275,11 @@ class Gemma4Engine {
   const std::vector<bool>* arena_trainable_ = nullptr;
 };
 
+// cos/sin tables [T, D/2] of one layer kind's RoPE (fp32 inverse frequencies and angles, as
+// transformers computes them; proportional RoPE leaves frequencies past the rotary part at 0).
+void RopeTable(const RopeParams& r, int64_t D, int64_t T, std::vector<float>* cos_t,
+               std::vector<float>* sin_t);
+
 // The FLOPs of one forward+backward over `batch` tokens: 6 x matmul params x tokens plus the
 // attention products actually computed for the visible (causal, windowed) query-key pairs
 // (2 products x 2 FLOPs x D per pair forward, twice that backward), no padding assumed.

@@ -208,6 +208,13 @@ void RunRecorder::OnEval(const EvalMetrics& eval) {
   changed_.notify_all();
 }
 
+void RunRecorder::OnSamples(const SampleMetrics& samples) {
+  std::lock_guard<std::mutex> lock(mu_);
+  AppendLocked(ToJson(samples));
+  ++version_;
+  changed_.notify_all();
+}
+
 void RunRecorder::OnEpoch(const EpochMetrics& epoch) {
   nlohmann::json j = ToJson(epoch);
   std::lock_guard<std::mutex> lock(mu_);

@@ -36,6 +36,7 @@ class RunRecorder : public TrainingObserver {
   void OnStep(const StepMetrics& step) override;
   void OnEpoch(const EpochMetrics& epoch) override;
   void OnEval(const EvalMetrics& eval) override;
+  void OnSamples(const SampleMetrics& samples) override;
   // The run ended (ok or not): status into run.json; wakes every waiter.
   void Finish(const Status& status);
 

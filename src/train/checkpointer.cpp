@@ -176,6 +176,7 @@ Status Checkpointer::Save(const TrainState& state, const std::string& metrics_js
     std::printf("Checkpoint successfully created at: %s\n", dir.c_str());
   std::fflush(stdout);
   Retain(dir, Score(fields, options_.score_attribute), inside_epoch);
+  last_saved_ = dir;
   return Status::Ok();
 }
 

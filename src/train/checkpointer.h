@@ -63,6 +63,8 @@ class Checkpointer {
   // Rank 0: the front of the kept list (the best after an epoch checkpoint; the newest after a
   // resume with nothing left to do); "" when there is none.
   std::string BestPath() const;
+  // Rank 0: the checkpoint this rank wrote last ("" before the first).
+  const std::string& LastSavedPath() const { return last_saved_; }
 
  private:
   struct Kept {
@@ -82,6 +84,7 @@ class Checkpointer {
   dist::ProcessGroup& pg_;
   dist::CollectiveOptions collective_;
   std::vector<Kept> kept_;  // rank 0's view of the run's checkpoints
+  std::string last_saved_;
 };
 
 }  // namespace st

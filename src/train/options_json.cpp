@@ -29,6 +29,8 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"eval_dataset", o.eval_dataset},
           {"eval_steps", o.eval_steps},
           {"early_stopping_patience", o.early_stopping_patience},
+          {"sample_prompts", o.sample_prompts},
+          {"sample_max_new_tokens", o.sample_max_new_tokens},
           {"template", o.chat_template},
           {"train_on", o.train_on},
           {"packing", o.packing},

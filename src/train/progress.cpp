@@ -136,6 +136,22 @@ void ProgressReporter::Eval(EvalMetrics e, bool at_epoch_end) {
   observer_->OnEval(e);
 }
 
+void ProgressReporter::Samples(const SampleMetrics& s) const {
+  if (rank_ != 0) return;
+  std::printf("Samples from %s (greedy, %.1fs):\n", s.checkpoint.c_str(), s.generate_s);
+  // One line each: newlines shown as \n.
+  auto one_line = [](const std::string& t) {
+    std::string out;
+    for (char c : t) out += c == '\n' ? std::string("\\n") : std::string(1, c);
+    return out;
+  };
+  for (size_t i = 0; i < s.answers.size(); ++i)
+    std::printf("  [%zu] %s -> %s\n", i + 1, one_line(s.answers[i].prompt).c_str(),
+                one_line(s.answers[i].completion).c_str());
+  std::fflush(stdout);
+  if (observer_) observer_->OnSamples(s);
+}
+
 void ProgressReporter::Finish(const MemoryReport& m, const std::string& best_checkpoint) const {
   if (rank_ != 0) return;
   std::printf(

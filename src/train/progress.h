@@ -59,6 +59,8 @@ class ProgressReporter {
   // An evaluation: its own line unless it is the epoch's (the epoch line shows that one), and the
   // observer.
   void Eval(EvalMetrics eval, bool at_epoch_end);
+  // --sample-prompts: each answer on a line of its own, and the observer.
+  void Samples(const SampleMetrics& samples) const;
   // The memory line, the seed's final metrics (the last epoch's) and the kept checkpoint.
   void Finish(const MemoryReport& memory, const std::string& best_checkpoint) const;
 

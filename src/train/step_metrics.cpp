@@ -215,4 +215,17 @@ nlohmann::json ToJson(const EvalMetrics& e) {
           {"eval_tokens", e.tokens},  {"eval_s", e.eval_s}};
 }
 
+nlohmann::json ToJson(const SampleMetrics& s) {
+  nlohmann::json answers = nlohmann::json::array();
+  for (const SampleMetrics::Answer& a : s.answers)
+    answers.push_back({{"prompt", a.prompt},
+                       {"completion", a.completion},
+                       {"stop", a.stop},
+                       {"new_tokens", a.new_tokens}});
+  return {{"type", "samples"},          {"step", s.step},
+          {"epoch", s.epoch},           {"time", s.unix_time},
+          {"checkpoint", s.checkpoint}, {"generate_s", s.generate_s},
+          {"samples", answers}};
+}
+
 }  // namespace st

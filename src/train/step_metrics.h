@@ -80,6 +80,20 @@ struct EvalMetrics {
   double unix_time = 0;
 };
 
+// --sample-prompts: what a checkpoint answered (greedy), after the epoch that wrote it.
+struct SampleMetrics {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  std::string checkpoint;
+  struct Answer {
+    std::string prompt, completion, stop;
+    int64_t new_tokens = 0;
+  };
+  std::vector<Answer> answers;
+  double generate_s = 0;
+  double unix_time = 0;
+};
+
 // What the run is, handed to the observer once the run directory exists.
 struct RunInfo {
   std::string run_name, run_dir, storage_path;
@@ -101,6 +115,7 @@ class TrainingObserver {
   virtual void OnStep(const StepMetrics& /*step*/) {}
   virtual void OnEpoch(const EpochMetrics& /*epoch*/) {}
   virtual void OnEval(const EvalMetrics& /*eval*/) {}
+  virtual void OnSamples(const SampleMetrics& /*samples*/) {}
 };
 
 // Every rank calls these at the same point (one all_gather each); the result is [world] on
@@ -125,6 +140,7 @@ StepMetrics SummariseStep(std::vector<WorkerSample> samples, double loss, double
 nlohmann::json ToJson(const WorkerInfo& w);
 nlohmann::json ToJson(const StepMetrics& s);
 nlohmann::json ToJson(const EvalMetrics& e);
+nlohmann::json ToJson(const SampleMetrics& s);
 nlohmann::json ToJson(const EpochMetrics& e);
 
 }  // namespace st

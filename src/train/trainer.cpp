@@ -23,6 +23,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
+#include "train/generation.h"
 #include "train/lr_schedule.h"
 #include "train/progress.h"
 #include "train/train_state.h"
@@ -147,6 +148,11 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   if (o.eval_steps < 0 || o.early_stopping_patience < 0)
     return InvalidArgument("--eval-steps and --early-stopping-patience must not be negative");
   if (o.num_to_keep < 1) return InvalidArgument("--num-to-keep must be >= 1");
+  if (o.sample_max_new_tokens < 1)
+    return InvalidArgument(
+        StrCat("--sample-max-new-tokens must be >= 1, got ", o.sample_max_new_tokens));
+  if (!o.sample_prompts.empty())
+    ST_RETURN_IF_ERROR(ReadPromptFile(o.sample_prompts).status().WithContext("--sample-prompts"));
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0 (0: at epoch ends only)");
   if (o.lr < 0 || o.weight_decay < 0 || o.max_grad_norm < 0)
     return InvalidArgument("--lr, --weight-decay and --max-grad-norm must not be negative");
@@ -367,6 +373,10 @@ class Trainer {
   // The held-out loss (every rank takes part), reported; updates the early-stopping count in
   // state (kept in checkpoints, so a resume or restart continues it).
   StatusOr<double> Evaluate(TrainState& state, bool at_epoch_end);
+  // Rank 0, after an epoch's checkpoint: --sample-prompts answered by the checkpoint just written
+  // (loaded as `generate` loads it), printed and recorded. A failure is reported, not fatal.
+  void Sample(const TrainState& state);
+  std::vector<std::string> sample_prompts_;
   bool stop_ = false;  // early stopping fired
   // The last evaluation's step and loss: the epoch's end reuses one taken at its last step.
   int64_t last_eval_step_ = -1;
@@ -428,6 +438,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, dis
   // Who the ranks are (one all_gather), for rank 0's observer.
   ST_ASSIGN_OR_RETURN(t->workers_, GatherWorkerInfo(pg, collective));
   t->checkpointer_.emplace(t->CheckpointerOptionsOf(), t->in_.model, t->fsdp_, pg, collective);
+  if (!o.sample_prompts.empty()) {
+    StatusOr<std::vector<std::string>> prompts = ReadPromptFile(o.sample_prompts);
+    if (!prompts.ok()) return prompts.status().WithContext("--sample-prompts");
+    t->sample_prompts_ = *std::move(prompts);
+  }
   return t;
 }
 
@@ -583,7 +598,43 @@ Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_t
         state.best_eval_loss, (long long)state.evals_since_best);
   state = TrainState{state.epoch + 1,      state.global_step,     0, 0,
                      state.best_eval_loss, state.evals_since_best};
-  return checkpointer_->SaveEpoch(state, em);
+  ST_RETURN_IF_ERROR(checkpointer_->SaveEpoch(state, em));
+  if (rank_ == 0 && !sample_prompts_.empty()) Sample(state);
+  return Status::Ok();
+}
+
+void Trainer::Sample(const TrainState& state) {
+  const auto t0 = Clock::now();
+  const std::string dir = checkpointer_->LastSavedPath();
+  // A LoRA checkpoint is an adapter over the run's base model.
+  const bool adapter = o_.lora_rank > 0;
+  const int64_t capacity = std::min<int64_t>(in_.model.config.max_position_embeddings,
+                                             o_.max_seq_len + o_.sample_max_new_tokens + 1);
+  SampleMetrics s;
+  s.step = state.global_step;
+  s.epoch = state.epoch;
+  s.checkpoint = dir;
+  auto failed = [&](const Status& why) {
+    std::printf("Samples skipped: %s\n", why.ToString().c_str());
+    std::fflush(stdout);
+  };
+  StatusOr<std::unique_ptr<TextGenerator>> g =
+      TextGenerator::Load(adapter ? o_.model_id : dir, adapter ? dir : "", in_.data.tokenizer_dir,
+                          "", in_.data.kind, capacity, o_.seed);
+  if (!g.ok()) return failed(g.status());
+  Conversation conv(**g, capacity);
+  GenerateOptions go;
+  go.max_new_tokens = o_.sample_max_new_tokens;
+  for (const std::string& p : sample_prompts_) {
+    conv.Reset();
+    StatusOr<Generation> r = conv.Reply(p, "", go);
+    if (!r.ok()) return failed(r.status().WithContext("prompt '" + p + "'"));
+    s.answers.push_back({p, r->text, r->stop, static_cast<int64_t>(r->ids.size())});
+  }
+  s.generate_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.unix_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  reporter_.Samples(s);
 }
 
 StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {

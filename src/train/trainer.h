@@ -75,6 +75,10 @@ struct FinetuneOptions {
   std::string eval_dataset, eval_split;
   int64_t eval_steps = 0;
   int64_t early_stopping_patience = 0;
+  // Prompts (a file as `generate --prompts` reads) answered greedily by each epoch's checkpoint,
+  // printed and stored in metrics.jsonl; up to sample_max_new_tokens tokens each.
+  std::string sample_prompts;
+  int64_t sample_max_new_tokens = 64;
   double weight_decay = 0.01;
   double max_grad_norm = 0;  // 0 = no clipping
   uint64_t seed = 42;

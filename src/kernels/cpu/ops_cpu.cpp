@@ -37,6 +37,11 @@ inline float FastGelu(float z) {
 void LinearForward(const float* x, const float* w, float* y, int64_t N, int64_t in, int64_t out,
                    float alpha, bool accumulate) {
   if (N == 0 || out == 0) return;
+  if (N == 1) {  // one token (decoding): a matrix-vector product, bound by reading w once
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, alpha, w, in, x, 1, accumulate ? 1.0f : 0.0f,
+                y, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, alpha, x, in, w, in,
               accumulate ? 1.0f : 0.0f, y, out);
 }

@@ -1,0 +1,301 @@
+#include "model/decode.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/ops_cpu.h"
+#include "model/lora.h"
+
+namespace st {
+
+namespace {
+
+bool IsRowsOnly(const ParamRegistry& reg, int e) {
+  return e == reg.embed_tokens_per_layer;
+}
+
+}  // namespace
+
+double DecodeWeights::Bytes(const ParamRegistry& reg) {
+  double n = 0;
+  for (int e = 0; e < reg.base_entries; ++e)
+    if (!IsRowsOnly(reg, e)) n += static_cast<double>(reg.layout.entry(e).numel);
+  return n * sizeof(float);
+}
+
+DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source) {
+  const size_t entries = static_cast<size_t>(reg.layout.size());
+  std::vector<int64_t> offset(entries, -1);
+  int64_t total = 0;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    if (IsRowsOnly(reg, e)) continue;
+    offset[static_cast<size_t>(e)] = total;
+    // 16-float alignment for every tensor, as the arenas have.
+    total += (reg.layout.entry(e).numel + 15) / 16 * 16;
+  }
+  buffer_ = AlignedBuffer(std::max<int64_t>(total, 1));
+  table_.param.assign(entries, nullptr);
+  table_.grad.assign(entries, nullptr);
+  table_.rows.assign(entries, nullptr);
+  for (int e = 0; e < reg.base_entries; ++e) {
+    if (offset[static_cast<size_t>(e)] < 0) {
+      table_.rows[static_cast<size_t>(e)] = &source;
+      continue;
+    }
+    float* dst = buffer_.data() + offset[static_cast<size_t>(e)];
+    if (reg.lora_a[static_cast<size_t>(e)] >= 0)
+      MergeLora(reg, source, e, dst);
+    else
+      source.ReadAll(e, dst);
+    source.Release(e);
+    table_.param[static_cast<size_t>(e)] = dst;
+  }
+}
+
+double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk) {
+  double n = 0;
+  int64_t widest = 0, Dmax = 0;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const int64_t D = cfg.HeadDim(i);
+    widest = std::max(widest, cfg.MlpWidth(i));
+    Dmax = std::max(Dmax, D);
+    if (cfg.IsKvShared(i)) continue;
+    const int64_t slots = cfg.layer_types[i] == LayerType::kSliding
+                              ? std::min(capacity, cfg.sliding_window + chunk)
+                              : capacity;
+    n += 2.0 * static_cast<double>(slots * cfg.KvHeads(i) * D);
+  }
+  const int64_t H = cfg.num_attention_heads, d = cfg.hidden_size;
+  const int64_t LP = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input;
+  n += 2.0 * static_cast<double>(capacity) * static_cast<double>(Dmax);  // RoPE tables
+  n += static_cast<double>(chunk) *
+       static_cast<double>(3 * d + 4 * H * Dmax + 2 * widest + 3 * LP + d + H + 8);
+  n += static_cast<double>(omp_get_max_threads()) * static_cast<double>(capacity);
+  n += static_cast<double>(kHeadBlock * d);
+  return n * sizeof(float);
+}
+
+Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
+                             const ParamTable& table, int64_t capacity, int64_t chunk)
+    : cfg_(cfg), reg_(reg), t_(table), capacity_(capacity), chunk_(std::min(chunk, capacity)) {
+  ST_CHECK(capacity >= 1 && chunk >= 1) << "decoder capacity and chunk must be positive";
+  const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_attention_heads, d = cfg_.hidden_size;
+  const int64_t P = cfg_.hidden_size_per_layer_input;
+  slots_.assign(L, 0);
+  k_off_.assign(L, -1);
+  v_off_.assign(L, -1);
+  int64_t total = 0, Dmax = 0, widest = 0, Ds = 0, Df = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t D = cfg_.HeadDim(i);
+    Dmax = std::max(Dmax, D);
+    widest = std::max(widest, cfg_.MlpWidth(i));
+    (cfg_.layer_types[i] == LayerType::kFull ? Df : Ds) = D;
+    if (cfg_.IsKvShared(i)) continue;
+    slots_[i] = cfg_.layer_types[i] == LayerType::kSliding
+                    ? std::min(capacity_, cfg_.sliding_window + chunk_)
+                    : capacity_;
+    const int64_t n = slots_[i] * cfg_.KvHeads(i) * D;
+    k_off_[i] = total;
+    v_off_[i] = total + n;
+    total += 2 * n;
+  }
+  for (int64_t i = 0; i < L; ++i)
+    if (cfg_.IsKvShared(i)) slots_[i] = slots_[cfg_.KvSourceLayer(i)];
+  cache_ = AlignedBuffer(std::max<int64_t>(total, 1));
+  if (Ds) RopeTable(cfg_.rope_sliding, Ds, capacity_, &cos_s_, &sin_s_);
+  if (Df) RopeTable(cfg_.rope_full, Df, capacity_, &cos_f_, &sin_f_);
+  const size_t c = static_cast<size_t>(chunk_);
+  x_.resize(c * d);
+  h_.resize(c * d);
+  a_.resize(c * std::max(d, H * Dmax));
+  q_.resize(c * H * Dmax);
+  k_.resize(c * H * Dmax);
+  v_.resize(c * H * Dmax);
+  o_.resize(c * H * Dmax);
+  gate_.resize(c * widest);
+  up_.resize(c * widest);
+  ple_.resize(c * L * P);
+  proj_.resize(c * L * P);
+  ple_tok_.resize(c * L * P);
+  rstd_.resize(c * std::max(L, H));
+  pg_.resize(c * std::max<int64_t>(P, 1));
+  scores_.resize(static_cast<size_t>(omp_get_max_threads()) * capacity_);
+  if (t_.param[reg_.embed_tokens] == nullptr) head_w_.resize(kHeadBlock * d);
+  pos_.resize(c);
+}
+
+Status Gemma4Decoder::Append(std::span<const int32_t> ids, float* logits) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n == 0) return InvalidArgument("nothing to feed: no token ids");
+  if (length_ + n > capacity_)
+    return ResourceExhausted(StrCat("the sequence would hold ", length_ + n,
+                                    " tokens, more than the decoder's capacity of ", capacity_,
+                                    "; raise --max-seq-len or start a new conversation"));
+  for (int32_t id : ids)
+    if (id < 0 || id >= cfg_.vocab_size)
+      return InvalidArgument(
+          StrCat("token id ", id, " is outside the model's vocabulary of ", cfg_.vocab_size));
+  for (int64_t s = 0; s < n; s += chunk_) {
+    const int64_t m = std::min(chunk_, n - s);
+    Chunk(ids.data() + s, m, s + m == n ? logits : nullptr);
+  }
+  return Status::Ok();
+}
+
+void Gemma4Decoder::Chunk(const int32_t* ids, int64_t n, float* logits) {
+  const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  const int64_t P = cfg_.hidden_size_per_layer_input;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(length_ + t);
+  const float sd = std::sqrt(static_cast<float>(d));
+  if (const float* e = t_.param[reg_.embed_tokens])
+    cpu::EmbeddingForward(ids, e, x_.data(), n, d, sd);
+  else
+    t_.rows[reg_.embed_tokens]->GatherRows(reg_.embed_tokens, ids, n, sd, x_.data());
+  if (P > 0) {
+    // ple[l] = (norm(x0 Wplmp^T / sqrt(d)) + Epl[ids] * sqrt(P)) / sqrt(2), stored [L, n, P].
+    float* proj = proj_.data();   // [n, L*P]
+    float* tk = ple_tok_.data();  // [n, L*P]
+    cpu::LinearForward(x_.data(), t_.param[reg_.per_layer_model_projection], proj, n, d, L * P,
+                       1.0f / sd, false);
+    cpu::RmsNormForward(proj, t_.param[reg_.per_layer_projection_norm], proj, rstd_.data(), n * L,
+                        P, eps);
+    const int ple_table = reg_.embed_tokens_per_layer;
+    const float sp = std::sqrt(static_cast<float>(P));
+    if (const float* e = t_.param[ple_table])
+      cpu::EmbeddingForward(ids, e, tk, n, L * P, sp);
+    else
+      t_.rows[ple_table]->GatherRows(ple_table, ids, n, sp, tk);
+    const float s = static_cast<float>(std::pow(2.0, -0.5));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t p = 0; p < P; ++p)
+          ple_[(l * n + t) * P + p] = (proj[(t * L + l) * P + p] + tk[(t * L + l) * P + p]) * s;
+  }
+  for (int64_t i = 0; i < L; ++i) Layer(i, n);
+  length_ += n;
+  if (logits == nullptr) return;
+  float* last = h_.data();
+  cpu::RmsNormForward(x_.data() + (n - 1) * d, t_.param[reg_.norm], last, rstd_.data(), 1, d, eps);
+  Head(last, logits);
+}
+
+void Gemma4Decoder::Layer(int64_t i, int64_t n) {
+  const LayerParams& lp = reg_.layers[i];
+  const int64_t d = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.HeadDim(i);
+  const int64_t Hkv = cfg_.KvHeads(i), P = cfg_.hidden_size_per_layer_input;
+  const int64_t F = cfg_.MlpWidth(i);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const bool full = cfg_.layer_types[i] == LayerType::kFull;
+  const float* cos_t = full ? cos_f_.data() : cos_s_.data();
+  const float* sin_t = full ? sin_f_.data() : sin_s_.data();
+  auto W = [&](int idx) { return t_.param[idx]; };
+  float* rstd = rstd_.data();
+  float* x = x_.data();
+  float* h = h_.data();
+
+  cpu::RmsNormForward(x, W(lp.input_layernorm), h, rstd, n, d, eps);
+  cpu::LinearForward(h, W(lp.q_proj), q_.data(), n, d, H * D, 1.0f, false);
+  cpu::RmsNormForward(q_.data(), W(lp.q_norm), q_.data(), rstd, n * H, D, eps);
+  cpu::Rope(q_.data(), cos_t, sin_t, pos_.data(), 1, n, H, D, false);
+  if (!cfg_.IsKvShared(i)) {
+    float* k = k_.data();
+    float* v = v_.data();
+    cpu::LinearForward(h, W(lp.k_proj), k, n, d, Hkv * D, 1.0f, false);
+    cpu::RmsNormForward(k, W(lp.k_norm), k, rstd, n * Hkv, D, eps);
+    cpu::Rope(k, cos_t, sin_t, pos_.data(), 1, n, Hkv, D, false);
+    cpu::LinearForward(h, W(lp.v_proj), v, n, d, Hkv * D, 1.0f, false);
+    cpu::RmsNormForward(v, nullptr, v, rstd, n * Hkv, D, eps);
+    const size_t row = static_cast<size_t>(Hkv * D);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t slot = (length_ + t) % slots_[i];
+      std::memcpy(cache_.data() + k_off_[i] + slot * Hkv * D, k + t * Hkv * D, row * sizeof(float));
+      std::memcpy(cache_.data() + v_off_[i] + slot * Hkv * D, v + t * Hkv * D, row * sizeof(float));
+    }
+  }
+  Attend(i, q_.data(), o_.data(), n);
+  float* a = a_.data();
+  cpu::LinearForward(o_.data(), W(lp.o_proj), a, n, H * D, d, 1.0f, false);
+  cpu::RmsNormForward(a, W(lp.post_attention_layernorm), a, rstd, n, d, eps);
+  cpu::Add(x, a, n * d);
+
+  cpu::RmsNormForward(x, W(lp.pre_feedforward_layernorm), h, rstd, n, d, eps);
+  cpu::LinearForward(h, W(lp.gate_proj), gate_.data(), n, d, F, 1.0f, false);
+  cpu::LinearForward(h, W(lp.up_proj), up_.data(), n, d, F, 1.0f, false);
+  cpu::GeluMulForward(gate_.data(), up_.data(), gate_.data(), n * F);
+  cpu::LinearForward(gate_.data(), W(lp.down_proj), a, n, F, d, 1.0f, false);
+  cpu::RmsNormForward(a, W(lp.post_feedforward_layernorm), a, rstd, n, d, eps);
+  cpu::Add(x, a, n * d);
+
+  if (P > 0) {
+    cpu::LinearForward(x, W(lp.per_layer_input_gate), pg_.data(), n, d, P, 1.0f, false);
+    cpu::GeluMulForward(pg_.data(), ple_.data() + i * n * P, pg_.data(), n * P);
+    cpu::LinearForward(pg_.data(), W(lp.per_layer_projection), a, n, P, d, 1.0f, false);
+    cpu::RmsNormForward(a, W(lp.post_per_layer_input_norm), a, rstd, n, d, eps);
+    cpu::Add(x, a, n * d);
+  }
+  cpu::Scale(x, W(lp.layer_scalar)[0], n * d);
+}
+
+void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
+  const int64_t src = cfg_.KvSourceLayer(i);
+  const int64_t H = cfg_.num_attention_heads, D = cfg_.HeadDim(i), Hkv = cfg_.KvHeads(i);
+  const int64_t group = H / Hkv, slots = slots_[src];
+  const int64_t window = cfg_.layer_types[i] == LayerType::kSliding ? cfg_.sliding_window : 0;
+  const float* K = cache_.data() + k_off_[src];
+  const float* V = cache_.data() + v_off_[src];
+  const int64_t base = length_;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (n * H > 1)
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t hh = 0; hh < H; ++hh) {
+      float* s = scores_.data() + static_cast<size_t>(omp_get_thread_num()) * capacity_;
+      const int64_t p = base + t;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      const float* qr = q + (t * H + hh) * D;
+      const int64_t kvh = hh / group;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t kp = lo; kp <= p; ++kp) {
+        const float* kr = K + ((kp % slots) * Hkv + kvh) * D;
+        float dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < D; ++j) dot += qr[j] * kr[j];
+        s[kp - lo] = dot;
+        m = std::max(m, dot);
+      }
+      float sum = 0;
+      for (int64_t kp = lo; kp <= p; ++kp) {
+        s[kp - lo] = std::exp(s[kp - lo] - m);
+        sum += s[kp - lo];
+      }
+      float* out = o + (t * H + hh) * D;
+      std::fill(out, out + D, 0.0f);
+      const float inv = 1.0f / sum;
+      for (int64_t kp = lo; kp <= p; ++kp) {
+        const float* vr = V + ((kp % slots) * Hkv + kvh) * D;
+        const float w = s[kp - lo] * inv;
+#pragma omp simd
+        for (int64_t j = 0; j < D; ++j) out[j] += w * vr[j];
+      }
+    }
+}
+
+void Gemma4Decoder::Head(const float* h, float* logits) {
+  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
+  if (const float* e = t_.param[reg_.embed_tokens]) {
+    cpu::LinearForward(h, e, logits, 1, d, V, 1.0f, false);
+  } else {
+    const WeightSource* rows = t_.rows[reg_.embed_tokens];
+    for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
+      const int64_t c = std::min(kHeadBlock, V - v0);
+      rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
+      cpu::LinearForward(h, head_w_.data(), logits + v0, 1, d, c, 1.0f, false);
+    }
+  }
+  cpu::SoftcapForward(logits, V, static_cast<float>(cfg_.final_logit_softcapping));
+}
+
+}  // namespace st

@@ -1,0 +1,99 @@
+// Autoregressive decoding of a Gemma 4 text decoder with a key/value cache: the path `generate`,
+// `chat` and finetune's --sample-prompts run. It shares the training engine's kernels (the same
+// Linear, RMSNorm, RoPE and GELU code), not its arena: the engine plans activations for a whole
+// [B, T] batch and a backward; a decoder holds, per layer that computes K/V, the keys and values
+// of every token fed so far and scratch for one chunk of new tokens.
+//
+// The cache follows the model's layer kinds as transformers' DynamicCache + sliding layers do:
+// - a full-attention layer keeps every position (up to the capacity);
+// - a sliding layer keeps a ring of its window plus one chunk (a query sees the window before it,
+//   and a chunk of queries writes its own keys first), so its memory does not grow with the
+//   sequence;
+// - a KV-shared layer (the last num_kv_shared_layers) computes no K/V and reads those of the last
+//   earlier layer of its kind.
+// Positions count from 0 at the first token fed after Reset(); RoPE uses them directly.
+//
+// Batch size 1 (one conversation): decoding one token reads every weight once, so the speed is
+// the memory bandwidth's; a prompt is fed in chunks of up to `chunk` tokens as matrix products.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/gemma4.h"
+#include "model/params.h"
+#include "model/weights.h"
+
+namespace st {
+
+// Every tensor a decoder multiplies by, resident in fp32, with LoRA adapters merged into their
+// Linear weights (W + s B A, PEFT's merge_and_unload); the per-layer embedding table (2.35 B of
+// E2B's parameters, a lookup of one row per token) stays in the source and is read row by row.
+class DecodeWeights {
+ public:
+  // reg: the model's registry (adapters included, if any); source: its weights.
+  DecodeWeights(const ParamRegistry& reg, const WeightSource& source);
+  const ParamTable& table() const { return table_; }
+  size_t ResidentBytes() const { return static_cast<size_t>(buffer_.size()) * sizeof(float); }
+  // The bytes the constructor will hold for this registry (for a check before loading).
+  static double Bytes(const ParamRegistry& reg);
+
+ private:
+  AlignedBuffer buffer_;
+  ParamTable table_;
+};
+
+class Gemma4Decoder {
+ public:
+  // capacity: the most tokens one sequence may hold (prompt and generated); chunk: the most new
+  // tokens one Append computes at once (longer inputs are split). `table` as the engine takes it
+  // (entries of embedding tables may be null with a rows source); it must outlive the decoder.
+  // Adapters in the registry are ignored: merge them first (DecodeWeights).
+  Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg, const ParamTable& table,
+                int64_t capacity, int64_t chunk = 128);
+
+  // Forgets every token (a new sequence).
+  void Reset() { length_ = 0; }
+  // Tokens in the cache.
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  const Gemma4Config& config() const { return cfg_; }
+
+  // Feeds `ids` after the cached tokens and, when logits is not null, writes the softcapped
+  // logits [V] that follow the last of them. ResourceExhausted when the sequence would exceed the
+  // capacity (nothing is fed then); InvalidArgument for an id outside the vocabulary.
+  Status Append(std::span<const int32_t> ids, float* logits);
+
+  // Bytes of the cache and scratch for (cfg, capacity, chunk).
+  static double Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk = 128);
+
+ private:
+  void Chunk(const int32_t* ids, int64_t n, float* logits);
+  void Layer(int64_t i, int64_t n);
+  // The n new queries [n, H, D] of layer i against its cache (window and causality), into o.
+  void Attend(int64_t i, const float* q, float* o, int64_t n);
+  void Head(const float* h, float* logits);
+
+  Gemma4Config cfg_;
+  const ParamRegistry& reg_;
+  const ParamTable& t_;
+  int64_t capacity_, chunk_, length_ = 0;
+  // Per layer: ring slots of its cache (its own, or its source's for a shared layer) and where
+  // the layer's K and V live in cache_ ([slots, Hkv, D] each); -1 for a shared layer.
+  std::vector<int64_t> slots_, k_off_, v_off_;
+  AlignedBuffer cache_;
+  // RoPE tables [capacity, D/2] per layer kind.
+  std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
+  // Scratch for one chunk of n <= chunk_ tokens.
+  std::vector<float> x_, h_, q_, k_, v_, o_, a_, gate_, up_, pg_, rstd_;
+  std::vector<float> ple_, proj_, ple_tok_;  // per-layer inputs [L, n, P]; [n, L*P] twice
+  std::vector<float> scores_;                // [threads, capacity] attention scores
+  std::vector<float> head_w_;                // one vocabulary block of a head left in the source
+  std::vector<int32_t> pos_;
+};
+
+}  // namespace st

@@ -1,0 +1,243 @@
+#include "train/generation.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <sstream>
+
+#include "io/files.h"
+#include "io/peft_adapter.h"
+
+namespace st {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The length of the longest prefix of `text` that ends on a whole UTF-8 character and not in
+// the replacement character a partial byte-fallback sequence decodes to (its next token may
+// complete it).
+size_t CompletePrefix(const std::string& text) {
+  size_t n = text.size();
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  while (n >= kReplacement.size() && text.compare(n - 3, 3, kReplacement) == 0) n -= 3;
+  // Back up over an unfinished multi-byte character.
+  size_t i = n;
+  int back = 0;
+  while (i > 0 && back < 4 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) {
+    --i;
+    ++back;
+  }
+  if (i > 0) {
+    const unsigned char lead = static_cast<unsigned char>(text[i - 1]);
+    const int want = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+    if (want > back) n = i - 1;
+  }
+  return n;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
+  ST_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (line[line.find_first_not_of(" \t")] != '{') {
+      out.push_back(line);
+      continue;
+    }
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    auto field = [&](const char* k) {
+      return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>()
+                                                                : std::string();
+    };
+    std::string p = field("prompt");
+    if (p.empty()) {
+      p = field("instruction");
+      const std::string c = field("context");
+      if (!p.empty() && !c.empty()) p += "\n\n" + c;
+    }
+    if (p.empty())
+      return InvalidArgument(StrCat(path, ":", n,
+                                    ": a JSON line needs a string field \"prompt\" or "
+                                    "\"instruction\""));
+    out.push_back(p);
+  }
+  if (out.empty()) return InvalidArgument(path + " holds no prompt");
+  return out;
+}
+
+double Generation::DecodeTokensPerSecond() const {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  return decode_s > 0 && n > 1 ? static_cast<double>(n - 1) / decode_s : 0.0;
+}
+
+StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
+    const std::string& model_id, const std::string& adapter, const std::string& tokenizer,
+    const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed) {
+  auto g = std::make_unique<TextGenerator>();
+  ST_ASSIGN_OR_RETURN(g->model, LoadModel(model_id, preset_seed));
+  if (!adapter.empty()) {
+    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(adapter, {kAdapterConfigFile, kAdapterWeightsFile})
+                           .WithContext("--adapter " + adapter));
+    ST_RETURN_IF_ERROR(AttachPeftAdapter(&g->model, adapter));
+  }
+  const Gemma4Config& cfg = g->model.config;
+  if (capacity > cfg.max_position_embeddings)
+    return InvalidArgument(StrCat("--max-seq-len ", capacity, " exceeds the model's ",
+                                  cfg.max_position_embeddings, " positions"));
+  const double need = DecodeWeights::Bytes(g->model.registry) + Gemma4Decoder::Bytes(cfg, capacity);
+  const double have =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > 0.9 * have)
+    return ResourceExhausted(
+        StrCat("generating needs about ", static_cast<int64_t>(need / (1 << 20)),
+               " MiB (the weights in fp32 and the cache for ", capacity, " tokens), more than ",
+               "this machine's ", static_cast<int64_t>(have / (1 << 20)),
+               " MiB; lower --max-seq-len or use a machine with more memory"));
+  std::error_code ec;
+  g->tokenizer_dir = !tokenizer.empty() ? tokenizer
+                     : std::filesystem::is_directory(model_id, ec) &&
+                             (std::filesystem::exists(model_id + "/tokenizer.json", ec) ||
+                              std::filesystem::exists(model_id + "/tokenizer.model", ec))
+                         ? model_id
+                         : data_dir + "/tokenizer";
+  ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(g->tokenizer_dir));
+  if (tok.vocab_size() > cfg.vocab_size)
+    return InvalidArgument(StrCat("the tokenizer at ", g->tokenizer_dir, " has ", tok.vocab_size(),
+                                  " tokens but the model's vocabulary is ", cfg.vocab_size,
+                                  "; pass the model's own with --tokenizer"));
+  g->tokenizer = std::make_unique<Tokenizer>(std::move(tok));
+  ST_ASSIGN_OR_RETURN(ExampleRenderer r,
+                      ExampleRenderer::Create(*g->tokenizer, kind, TrainOn::kAll));
+  g->renderer = std::make_unique<ExampleRenderer>(r);
+  auto add_stop = [&](int64_t id) {
+    if (id >= 0 && id < cfg.vocab_size &&
+        std::find(g->stops.begin(), g->stops.end(), id) == g->stops.end())
+      g->stops.push_back(static_cast<int32_t>(id));
+  };
+  add_stop(g->tokenizer->eos_id());
+  add_stop(cfg.eos_token_id);
+  if (std::optional<int32_t> t = g->tokenizer->TokenToId("<turn|>")) {
+    add_stop(*t);
+    g->end_of_turn = *t;
+  }
+  g->weights = std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights);
+  return g;
+}
+
+Conversation::Conversation(const TextGenerator& g, int64_t capacity, int64_t chunk)
+    : g_(g),
+      decoder_(g.model.config, g.model.registry, g.weights->table(), capacity, chunk),
+      logits_(static_cast<size_t>(g.model.config.vocab_size)) {}
+
+void Conversation::Reset() {
+  sequence_.clear();
+  decoder_.Reset();
+}
+
+Status Conversation::CatchUp(bool no_cache) {
+  if (no_cache) decoder_.Reset();
+  const int64_t from = decoder_.length();
+  return decoder_.Append(std::span<const int32_t>(sequence_).subspan(static_cast<size_t>(from)),
+                         logits_.data());
+}
+
+StatusOr<Generation> Conversation::Reply(const std::string& user, const std::string& system,
+                                         const GenerateOptions& o,
+                                         const std::function<void(std::string_view)>& on_text) {
+  std::vector<ChatMessage> messages;
+  const bool start = sequence_.empty();
+  if (!system.empty()) {
+    if (!start) return InvalidArgument("a system message can only open a conversation");
+    messages.push_back({"system", system});
+  }
+  messages.push_back({"user", user});
+  std::vector<int32_t> prompt;
+  // A model turn cut short (max_new_tokens) is closed before the next user turn.
+  const int32_t close = g_.renderer->turn_close();
+  if (!start && close >= 0 && sequence_.back() != close) prompt.push_back(close);
+  ST_RETURN_IF_ERROR(g_.renderer->RenderPrompt(messages, start, &prompt));
+  return Continue(prompt, o, on_text);
+}
+
+StatusOr<Generation> Conversation::Continue(const std::vector<int32_t>& ids,
+                                            const GenerateOptions& o,
+                                            const std::function<void(std::string_view)>& on_text) {
+  if (ids.empty()) return InvalidArgument("the prompt has no tokens");
+  if (o.max_new_tokens < 1)
+    return InvalidArgument(StrCat("--max-new-tokens must be >= 1, got ", o.max_new_tokens));
+  ST_RETURN_IF_ERROR(o.sampling.Validate());
+  const int64_t before = length();
+  if (before + static_cast<int64_t>(ids.size()) >= capacity())
+    return ResourceExhausted(StrCat("the prompt needs ", before + static_cast<int64_t>(ids.size()),
+                                    " tokens with the conversation so far, and leaves no room in "
+                                    "the ",
+                                    capacity(),
+                                    " the decoder holds; raise --max-seq-len or start a new "
+                                    "conversation"));
+  Generation gen;
+  gen.prompt_tokens =
+      static_cast<int64_t>(sequence_.size()) - decoder_.length() + static_cast<int64_t>(ids.size());
+  sequence_.insert(sequence_.end(), ids.begin(), ids.end());
+  Sampler sampler(o.sampling);
+  const auto t0 = Clock::now();
+  if (Status s = CatchUp(o.no_cache); !s.ok()) {
+    sequence_.resize(static_cast<size_t>(before));
+    decoder_.Reset();  // the cache no longer matches the sequence: refed on the next call
+    return s;
+  }
+  auto t1 = Clock::now();
+  gen.prefill_s = Seconds(t0, t1);
+  size_t shown = 0;
+  std::vector<int32_t> visible;  // new tokens without the stop token
+  for (;;) {
+    const int32_t next = sampler.Next(sequence_, logits_);
+    gen.ids.push_back(next);
+    sequence_.push_back(next);
+    const bool stop = std::find(g_.stops.begin(), g_.stops.end(), next) != g_.stops.end();
+    if (stop) {
+      gen.stop = next == g_.end_of_turn ? "end_of_turn" : "eos";
+    } else {
+      visible.push_back(next);
+      if (on_text) {
+        const std::string text = g_.tokenizer->Decode(visible, true);
+        const size_t n = CompletePrefix(text);
+        if (n > shown) {
+          on_text(std::string_view(text).substr(shown, n - shown));
+          shown = n;
+        }
+      }
+    }
+    if (stop) break;
+    if (static_cast<int64_t>(gen.ids.size()) >= o.max_new_tokens) {
+      gen.stop = "max_new_tokens";
+      break;
+    }
+    if (length() >= capacity()) {
+      gen.stop = "capacity";
+      break;
+    }
+    ST_RETURN_IF_ERROR(CatchUp(o.no_cache));
+  }
+  gen.decode_s = Seconds(t1, Clock::now());
+  gen.text = g_.tokenizer->Decode(visible, true);
+  if (on_text && gen.text.size() > shown) on_text(std::string_view(gen.text).substr(shown));
+  return gen;
+}
+
+}  // namespace st
