@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -365,6 +366,35 @@ TEST(Recorder, WritesTensorBoardEvents) {
   fs::remove_all(storage);
 }
 
+// --report-to jsonl:PATH: the sink gets every record metrics.jsonl gets, as it happens; a path
+// that cannot be opened is an error up front.
+TEST(Recorder, JsonlSinkGetsEveryRecord) {
+  const std::string storage = test::TempDir("observe_sink");
+  observe::RunRecorder rec;
+  ASSERT_TRUE(rec.AddJsonlSink(storage + "/stream.jsonl").ok());
+  rec.OnStart(TestRun(storage, "r"));
+  rec.OnStep(TestStep(1, 2.5));
+  EvalMetrics ev;
+  ev.step = 1;
+  ev.eval_loss = 2;
+  rec.OnEval(ev);
+  SampleMetrics s;
+  s.step = 1;
+  s.answers.push_back({"Hi", "Hello!", "end_of_turn", 3});
+  rec.OnSamples(s);
+  rec.OnEpoch({1, 1, 2.5, 1.5, 1000, 200, 0});
+  const std::string sink = test::ReadFile(storage + "/stream.jsonl");
+  rec.Finish(Status::Ok());
+  EXPECT_EQ(sink, test::ReadFile(storage + "/r/metrics.jsonl"));
+  EXPECT_EQ(std::count(sink.begin(), sink.end(), '\n'), 4) << sink;
+  EXPECT_NE(sink.find("\"completion\":\"Hello!\""), std::string::npos) << sink;
+  observe::RunRecorder bad;
+  const Status st = bad.AddJsonlSink(storage + "/no/such/dir/x.jsonl");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("x.jsonl"), std::string::npos) << st.message();
+  fs::remove_all(storage);
+}
+
 TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
   const std::string storage = test::TempDir("observe_resume");
   {
@@ -376,6 +406,9 @@ TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
       ev.step = s;
       ev.eval_loss = 2;
       first.OnEval(ev);
+      SampleMetrics sm;
+      sm.step = s;
+      first.OnSamples(sm);
     }
     first.OnEpoch({1, 3, 1, 1, 1, 1, 0});
     first.Finish(InvalidArgument("killed"));
@@ -389,6 +422,8 @@ TEST(Recorder, ResumeKeepsTheHistoryUpToTheCheckpointOnce) {
   EXPECT_EQ(log.epochs.size(), 1u);
   ASSERT_EQ(log.evals.size(), 3u);  // up to the checkpoint's step 3, once
   EXPECT_EQ(log.evals.back()["step"], 3);
+  ASSERT_EQ(log.samples.size(), 3u);
+  EXPECT_EQ(log.samples.back()["step"], 3);
   fs::remove_all(storage);
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "data/batching.h"
@@ -643,6 +644,76 @@ TEST(Finetune, BadFlagsAreOneLineErrors) {
   const Ran b = RunCommand(bin + " finetune --topology 3 --num-workers 2");
   EXPECT_NE(b.code, 0);
   EXPECT_NE(b.out.find("contradicts"), std::string::npos) << b.out;
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--report-to bogus", "--report-to takes"},
+           {"--report-to jsonl:/nonexistent/dir/stream.jsonl", "cannot open"},
+           {"--sample-prompts /nonexistent/prompts.txt", "--sample-prompts"},
+           {"--sample-max-new-tokens 0", "--sample-max-new-tokens"}}) {
+    const Ran r = RunCommand(bin + " finetune --storage-path /tmp " + flags);
+    EXPECT_NE(r.code, 0) << flags;
+    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+}
+
+// --sample-prompts: after each epoch's checkpoint rank 0 answers the prompts with it, printed and
+// stored in metrics.jsonl (the instruction template: a barely trained model does not stop at
+// once, as it learns <turn|> first with gemma-chat); the answers are what `generate` gives from
+// that checkpoint (full fine-tuning: the checkpoint is a model; LoRA: an adapter over the preset
+// base).
+TEST(Finetune, SamplePromptsAreWhatGenerateAnswersFromTheCheckpoint) {
+  const std::string dir = test::TempDir("samples");
+  ASSERT_FALSE(dir.empty());
+  {
+    std::ofstream f(dir + "/prompts.txt");
+    f << "What is 12 times 10?\nHow many letters are in \"green\"?\n";
+  }
+  const std::string bin = ST_BINARY, data = " --data-dir " ST_SOURCE_DIR "/data";
+  for (const std::string lora : {"", " --lora-rank 4"}) {
+    SCOPED_TRACE(lora.empty() ? "full" : "lora");
+    const std::string run = lora.empty() ? "full" : "lora";
+    const Ran r = RunCommand(bin + " finetune" + data + lora +
+                             " --dataset-split 'train[:32]' --max-seq-len 32 --num-epochs 2 "
+                             "--template instruction --sample-prompts " +
+                             dir +
+                             "/prompts.txt --sample-max-new-tokens 6 --num-to-keep 2 "
+                             "--no-dashboard --progress off --storage-path " +
+                             dir + " --run-name " + run);
+    ASSERT_EQ(r.code, 0) << r.out;
+    size_t seen = 0;
+    for (size_t at = r.out.find("Samples from"); at != std::string::npos;
+         at = r.out.find("Samples from", at + 1))
+      ++seen;
+    EXPECT_EQ(seen, 2u) << r.out;
+    std::vector<nlohmann::json> samples;
+    std::istringstream lines(ReadFile(dir + "/" + run + "/metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("type", "") == "samples") samples.push_back(j);
+    }
+    ASSERT_EQ(samples.size(), 2u);
+    const nlohmann::json& last = samples.back();
+    EXPECT_EQ(last["epoch"], 2);
+    ASSERT_EQ(last["samples"].size(), 2u);
+    const std::string ckpt = last["checkpoint"].get<std::string>();
+    const std::string model =
+        lora.empty() ? " --model-id " + ckpt : " --model-id gemma4-tiny --adapter " + ckpt;
+    const Ran g = RunCommand(bin + " generate" + data + model +
+                             " --template instruction --max-new-tokens 6 --json --prompts " + dir +
+                             "/prompts.txt");
+    ASSERT_EQ(g.code, 0) << g.out;
+    std::istringstream answers(g.out);
+    for (int i = 0; i < 2; ++i) {
+      std::string line;
+      std::getline(answers, line);
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << g.out;
+      EXPECT_EQ(j["completion"], last["samples"][i]["completion"]) << i;
+      EXPECT_FALSE(j["completion"].get<std::string>().empty()) << g.out;
+      EXPECT_EQ(j["stop"], last["samples"][i]["stop"]) << i;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 // LoRA end to end: the same global batch at 1, 2 and 4 workers gives the same losses; a run

@@ -4,9 +4,12 @@
 // sets RANK/WORLD_SIZE/...) each process is one rank.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "cli/commands.h"
 #include "data/hub_dataset.h"
@@ -180,11 +183,41 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   return cmd;
 }
 
+// --report-to: a comma-separated list of tensorboard, jsonl:PATH and none (alone).
+struct ReportTo {
+  bool tensorboard = false;
+  std::string jsonl;  // "" = none
+};
+StatusOr<ReportTo> ParseReportTo(const std::string& flag) {
+  ReportTo r;
+  if (flag == "none") return r;
+  size_t start = 0;
+  while (start <= flag.size()) {
+    const size_t comma = std::min(flag.find(',', start), flag.size());
+    const std::string item = flag.substr(start, comma - start);
+    if (item == "tensorboard") {
+      r.tensorboard = true;
+    } else if (item.rfind("jsonl:", 0) == 0 && item.size() > 6 && r.jsonl.empty()) {
+      r.jsonl = item.substr(6);
+    } else {
+      return InvalidArgument(
+          "--report-to takes tensorboard, jsonl:PATH (one), both as "
+          "'tensorboard,jsonl:PATH', or none; got '" +
+          flag + "'");
+    }
+    start = comma + 1;
+  }
+  return r;
+}
+
 // Rank 0: the run with its recorder (metrics.jsonl, run.json), the dashboard when asked for (a
 // port that cannot be bound costs a warning, not the run) and the plot at the end.
 Status RunRankZero(const FinetuneArgs& a, launch::Worker& worker) {
   observe::RunRecorder recorder;
-  recorder.EnableTensorBoard(a.report_to == "tensorboard");
+  ST_ASSIGN_OR_RETURN(const ReportTo report, ParseReportTo(a.report_to));
+  recorder.EnableTensorBoard(report.tensorboard);
+  if (!report.jsonl.empty())
+    ST_RETURN_IF_ERROR(recorder.AddJsonlSink(report.jsonl).WithContext("--report-to"));
   std::unique_ptr<observe::Dashboard> dashboard;
   if (!a.no_dashboard) {
     observe::DashboardOptions d;
@@ -269,6 +302,13 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   // first attempt failed before writing one.
   if (env.restart_attempt > 0) a.o.resume_if_any = true;
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(a.o));
+  {
+    // A sink rank 0 could not open would fail the run after the workers started: try it here.
+    ST_ASSIGN_OR_RETURN(const ReportTo report, ParseReportTo(a.report_to));
+    if (!report.jsonl.empty() && !std::ofstream(report.jsonl, std::ios::app).is_open())
+      return IoError(StrCat("--report-to jsonl:", report.jsonl,
+                            ": cannot open for appending: ", std::strerror(errno)));
+  }
   ST_ASSIGN_OR_RETURN(a.o.model_id, ResolveModelSource(a.o.model_id, HubFromEnvironment()));
   {
     // A hub data set id becomes its local snapshot here, before any worker starts: the launcher
@@ -577,9 +617,9 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--report-to", a->report_to,
                   "tensorboard: event files in <run dir>/tensorboard (tensorboard --logdir "
-                  "<storage path>); none: only metrics.jsonl, the JSON-lines stream every run "
-                  "writes")
-      ->check(CLI::IsMember({"tensorboard", "none"}))
+                  "<storage path>); jsonl:PATH: every metrics.jsonl record also appended to PATH "
+                  "as it happens (a file or pipe another tracker tails); a comma-separated list "
+                  "of both; none: only metrics.jsonl, which every run writes")
       ->capture_default_str();
   cmd->add_flag("--no-dashboard", a->no_dashboard,
                 "Serve no dashboard (metrics are still written)");

@@ -139,6 +139,11 @@ Status RunGenerate(GenerateArgs a) {
     if (!r.ok()) return r.status().WithContext(n > 1 ? StrCat("prompt ", i + 1) : "");
     if (a.json) {
       nlohmann::json j = ToJson(*r);
+      // At the middle of the answer's context.
+      const double flops =
+          DecodeFlopsPerToken(g->model.config, g->model.registry,
+                              r->prompt_tokens + static_cast<int64_t>(r->ids.size()) / 2);
+      j["decode_gflop_per_s"] = r->DecodeTokensPerSecond() * flops / 1e9;
       if (ids.empty()) j["prompt"] = a.prompts[i];
       std::printf("%s\n", j.dump().c_str());
     } else {

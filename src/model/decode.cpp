@@ -56,6 +56,20 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
   }
 }
 
+double DecodeFlopsPerToken(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t context) {
+  double n = 0;
+  for (int e = 0; e < reg.base_entries; ++e)
+    if (reg.IsMatmul(e)) n += static_cast<double>(reg.layout.entry(e).numel);
+  double attn = 0;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const int64_t keys = cfg.layer_types[i] == LayerType::kSliding
+                             ? std::min(context + 1, cfg.sliding_window)
+                             : context + 1;
+    attn += 4.0 * static_cast<double>(cfg.num_attention_heads * cfg.HeadDim(i) * keys);
+  }
+  return 2.0 * n + attn;
+}
+
 double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk) {
   double n = 0;
   int64_t widest = 0, Dmax = 0;

@@ -47,6 +47,11 @@ class DecodeWeights {
   ParamTable table_;
 };
 
+// FLOPs of decoding one token with `context` tokens before it: 2 x the base model's matrix-product
+// parameters (the tied head once, adapters merged, lookups excluded) plus the attention products
+// over the visible keys (window-limited in sliding layers).
+double DecodeFlopsPerToken(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t context);
+
 class Gemma4Decoder {
  public:
   // capacity: the most tokens one sequence may hold (prompt and generated); chunk: the most new

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -82,9 +84,10 @@ void RunRecorder::OnStart(const RunInfo& run) {
   for (const auto& e : old.epochs)
     if (e.value("epoch", int64_t{0}) <= run.first_epoch) epochs_.push_back(e);
   for (const auto& e : epochs_) jsonl_ << e.dump() << "\n";
-  for (const auto& e : old.evals)
-    if (run.resumed_step > 0 && e.value("step", int64_t{0}) <= run.resumed_step)
-      jsonl_ << e.dump() << "\n";
+  for (const auto* kept : {&old.evals, &old.samples})
+    for (const auto& e : *kept)
+      if (run.resumed_step > 0 && e.value("step", int64_t{0}) <= run.resumed_step)
+        jsonl_ << e.dump() << "\n";
   jsonl_.flush();
   if (tensorboard_) {
     // A new file per (re)start, as TensorBoard's writers do; the reader merges a directory's.
@@ -148,6 +151,18 @@ void RunRecorder::AppendLocked(const nlohmann::json& record) {
     jsonl_ << record.dump() << "\n";
     jsonl_.flush();
   }
+  if (sink_.is_open()) {
+    sink_ << record.dump() << "\n";
+    sink_.flush();
+  }
+}
+
+Status RunRecorder::AddJsonlSink(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sink_.open(path, std::ios::app);
+  if (!sink_.is_open())
+    return IoError(StrCat(path, ": cannot open for appending: ", std::strerror(errno)));
+  return Status::Ok();
 }
 
 void RunRecorder::EnableTensorBoard(bool on) {
@@ -238,6 +253,7 @@ void RunRecorder::Finish(const Status& status) {
   end_time_ = Now();
   if (started_) WriteRunJsonLocked();
   jsonl_.close();
+  sink_.close();
   ++version_;
   changed_.notify_all();
 }

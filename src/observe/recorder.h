@@ -47,6 +47,9 @@ class RunRecorder : public TrainingObserver {
   // transformers' TensorBoardCallback names them) and the throughput and time split; per epoch
   // epoch/loss and epoch/tokens_per_s.
   void EnableTensorBoard(bool on);
+  // --report-to jsonl:PATH: every record metrics.jsonl gets from now on is also appended to PATH
+  // (created if missing) and flushed, for a tracker that tails it. IoError if it cannot be opened.
+  Status AddJsonlSink(const std::string& path);
 
   bool started() const;
   std::string run_dir() const;
@@ -95,6 +98,7 @@ class RunRecorder : public TrainingObserver {
   StepMetrics last_;
   double tokens_total_ = 0, real_tokens_total_ = 0, comm_mib_total_ = 0, comm_s_total_ = 0;
   std::ofstream jsonl_;
+  std::ofstream sink_;  // --report-to jsonl:PATH
   bool tensorboard_ = false;
   std::optional<EventFileWriter> events_;  // open while the run is on and writing works
   // While the run is on, run.json's heartbeat_time is renewed every kHeartbeatSeconds, so that

@@ -102,6 +102,8 @@ MetricsLog ReadMetricsLog(const std::string& run_dir, int64_t since_step) {
       log.epochs.push_back(std::move(j));
     else if (type == "eval" && Get<int64_t>(j, "step", 0) > since_step)
       log.evals.push_back(std::move(j));
+    else if (type == "samples" && Get<int64_t>(j, "step", 0) > since_step)
+      log.samples.push_back(std::move(j));
   }
   return log;
 }

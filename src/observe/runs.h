@@ -45,7 +45,8 @@ std::string RunsTable(const std::vector<RunSummary>& runs);
 // The step and epoch records of <run_dir>/metrics.jsonl with step > since_step (whole-file
 // parse; broken lines, e.g. a half-written last one, are skipped).
 struct MetricsLog {
-  std::vector<nlohmann::json> steps, epochs, evals;  // evals: --eval-split's records
+  // evals: --eval-split's records; samples: --sample-prompts' records
+  std::vector<nlohmann::json> steps, epochs, evals, samples;
 };
 MetricsLog ReadMetricsLog(const std::string& run_dir, int64_t since_step = 0);
 
