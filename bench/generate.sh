@@ -4,7 +4,9 @@
 # same model and the same prompt in the same run. Greedy, eos ignored by neither (a random model
 # rarely emits it; the lines print how many tokens each made). Prints decode tokens/s and GFLOP/s,
 # the prompt's time, and whether both made the same tokens.
-#   bench/generate.sh                  # gemma4-small checkpoint, 128-token prompt, 128 new tokens
+#   bench/generate.sh                  # gemma4-small checkpoint in bf16 (as Gemma's are), 128-token
+#                                      # prompt, 128 new tokens
+#   SAVE_DTYPE=fp32 bench/generate.sh  # the same checkpoint in fp32
 #   MODEL=/path/to/hf_model_dir PROMPT_LEN=520 NEW=64 bench/generate.sh
 #   COMPILE=1 bench/generate.sh        # also the peer's static cache + torch.compile
 # THREADS (default: all CPUs) applies to both; REPEATS (3) runs each, the median is printed.
@@ -24,8 +26,10 @@ trap 'rm -rf "$tmp"' EXIT
 model="${MODEL:-}"
 if [ -z "$model" ]; then
   # A gemma4-small checkpoint (one short full fine-tuning run), so that both sides load the same
-  # config.json and safetensors.
-  out="$("$bin" finetune --model-id gemma4-small --max-seq-len 64 --batch-size-per-device 4 \
+  # config.json and safetensors. slicetrain holds a bf16 checkpoint's matrices in bf16 (exact),
+  # transformers computes in the dtype it is given (both fp32 and bf16 are run).
+  out="$("$bin" finetune --model-id gemma4-small --save-dtype "${SAVE_DTYPE:-bf16}" \
+    --max-seq-len 64 --batch-size-per-device 4 \
     --topology 1 --dataset-split "train[:8]" --num-epochs 1 --storage-path "$tmp" \
     --run-name model --no-dashboard --progress off 2>&1)" || { echo "$out"; exit 1; }
   model="$(ls -d "$tmp"/model/checkpoint_* | head -1)"

@@ -59,7 +59,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // A prompt fed in chunks of 5, then one token at a time past a sliding window of 8 (rings of
 // 8 + 5 slots): every step's logits equal the engine's over the whole sequence. With LoRA the
 // decoder runs the merged weights and the engine the adapters beside the base.
-void CheckCacheAgainstRecompute(bool lora) {
+void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32) {
   StatusOr<Gemma4Config> pc = PresetConfig("gemma4-tiny");
   ASSERT_TRUE(pc.ok());
   Gemma4Config c = *pc;
@@ -83,9 +83,16 @@ void CheckCacheAgainstRecompute(bool lora) {
     for (int64_t j = 0; j < a.numel; ++j)
       params[static_cast<size_t>(a.offset + j)] = 0.05f * static_cast<float>(rng.Normal());
   }
+  if (storage == DType::kBF16)  // the engine then sees the values the decoder holds
+    for (int e = 0; e < reg.layout.size(); ++e)
+      if (reg.layout.entry(e).shape.size() == 2)
+        for (int64_t j = 0; j < reg.layout.entry(e).numel; ++j) {
+          float& v = params[static_cast<size_t>(reg.layout.entry(e).offset + j)];
+          v = BF16ToFloat(FloatToBF16(v));
+        }
   const ArenaWeights source(reg, params.data());
-  const DecodeWeights weights(reg, source);
-  Gemma4Decoder dec(c, reg, weights.table(), 40, 5);
+  const DecodeWeights weights(reg, source, storage);
+  Gemma4Decoder dec(c, reg, weights, 40, 5);
   std::vector<int32_t> ids;
   for (int i = 0; i < 13; ++i) ids.push_back(static_cast<int32_t>(3 + rng.Below(c.vocab_size - 3)));
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
@@ -122,6 +129,10 @@ TEST(Decode, KvCacheEqualsRecomputation) {
 TEST(Decode, MergedLoraEqualsTheAdaptedEngine) {
   CheckCacheAgainstRecompute(true);
 }
+// bf16-held matrices (DecodeWeights' bf16 storage) against the engine on the same values.
+TEST(Decode, Bf16HeldWeightsEqualTheEngineOnTheSameValues) {
+  CheckCacheAgainstRecompute(false, DType::kBF16);
+}
 
 TEST(Decode, RejectsIdsOutsideTheVocabulary) {
   StatusOr<Gemma4Config> c = PresetConfig("gemma4-tiny");
@@ -129,7 +140,7 @@ TEST(Decode, RejectsIdsOutsideTheVocabulary) {
   const ParamRegistry reg = BuildParamRegistry(*c);
   const PresetWeights source(*c, reg, 1);
   const DecodeWeights weights(reg, source);
-  Gemma4Decoder dec(*c, reg, weights.table(), 16);
+  Gemma4Decoder dec(*c, reg, weights, 16);
   std::vector<int32_t> bad = {2, static_cast<int32_t>(c->vocab_size)};
   EXPECT_FALSE(dec.Append(bad, nullptr).ok());
   EXPECT_EQ(dec.length(), 0);
@@ -144,9 +155,9 @@ nlohmann::json ReadJson(const std::string& path) {
 // against transformers' record: every token, the top logits of every step (within tol) and, when
 // given, every logit of the first and the last step.
 void CheckGreedyAgainstGolden(const LoadedModel& m, const nlohmann::json& rec, int64_t capacity,
-                              double tol) {
-  const DecodeWeights weights(m.registry, *m.weights);
-  Gemma4Decoder dec(m.config, m.registry, weights.table(), capacity);
+                              double tol, DType storage) {
+  const DecodeWeights weights(m.registry, *m.weights, storage);
+  Gemma4Decoder dec(m.config, m.registry, weights, capacity);
   const std::vector<int32_t> prompt = rec["input_ids"].get<std::vector<int32_t>>();
   const std::vector<int32_t> golden = rec["generated"].get<std::vector<int32_t>>();
   const nlohmann::json& top = rec["top4"];
@@ -189,12 +200,13 @@ TEST(Generate, GreedyEqualsTransformersOnTheTinyModel) {
   ASSERT_GE(golden["prompts"].size(), 6u);
   for (const nlohmann::json& rec : golden["prompts"]) {
     SCOPED_TRACE("prompt of " + std::to_string(rec["input_ids"].size()) + " tokens");
-    CheckGreedyAgainstGolden(*m, rec, m->config.max_position_embeddings, 1e-4);
+    CheckGreedyAgainstGolden(*m, rec, m->config.max_position_embeddings, 1e-4, DType::kF32);
   }
 }
 
-// E2B's widths (vocabulary 262144, hidden 1536, heads of 256/512, window 512), stored in bf16: a
-// 520-token prompt and 64 new tokens, so that the sliding layers' window moves past the start.
+// E2B's widths (vocabulary 262144, hidden 1536, heads of 256/512, window 512), stored in bf16 and
+// decoded from bf16-held weights: a 520-token prompt and 64 new tokens, so that the sliding
+// layers' window moves past the start.
 TEST(Generate, GreedyEqualsTransformersAtE2bWidths) {
   const nlohmann::json golden = ReadJson(ST_FIXTURE_DIR "/generate/e2b_width.json");
   ASSERT_TRUE(golden.is_object());
@@ -205,7 +217,9 @@ TEST(Generate, GreedyEqualsTransformersAtE2bWidths) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ASSERT_GT(golden["input_ids"].size() + golden["generated"].size(),
             static_cast<size_t>(m->config.sliding_window));
-  CheckGreedyAgainstGolden(*m, golden, 1024, 2e-3);
+  // A bf16 checkpoint is decoded from bf16-held weights by default: the same values.
+  ASSERT_EQ(DecodeWeights::DefaultStorage(m->registry, *m->weights), DType::kBF16);
+  CheckGreedyAgainstGolden(*m, golden, 1024, 2e-3, DType::kBF16);
   std::filesystem::remove_all(dir);
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/dtype.h"
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/gelu.h"
@@ -74,6 +75,28 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearParity,
                          ::testing::Values(LinearShape{1, 1, 1}, LinearShape{1, 70, 300},
                                            LinearShape{7, 13, 5}, LinearShape{64, 33, 17},
                                            LinearShape{130, 64, 200}));
+
+// bf16-stored weights (decoding): the product with the widened weights, for one row (the
+// matrix-vector path, rows in blocks of four and a remainder) and for several rows, over more
+// than one tile of widened weights.
+TEST(LinearBf16, EqualsTheProductWithWidenedWeights) {
+  for (const LinearShape s :
+       {LinearShape{1, 70, 300}, LinearShape{1, 1, 1}, LinearShape{9, 33, 130},
+        LinearShape{70, 64, 64}, LinearShape{3, 40000, 60}}) {
+    SCOPED_TRACE(std::to_string(s.N) + "x" + std::to_string(s.in) + "x" + std::to_string(s.out));
+    auto x = RandomVec(s.N * s.in, 1), w = RandomVec(s.out * s.in, 2);
+    std::vector<uint16_t> half(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      half[i] = FloatToBF16(w[i]);
+      w[i] = BF16ToFloat(half[i]);
+    }
+    std::vector<float> want(static_cast<size_t>(s.N * s.out)), got(want.size(), -7.0f);
+    std::vector<float> scratch(static_cast<size_t>(cpu::Bf16ScratchFloats(s.in)));
+    ref::LinearForward(x.data(), w.data(), want.data(), s.N, s.in, s.out, 1.0f, false);
+    cpu::LinearForwardBf16(x.data(), half.data(), got.data(), s.N, s.in, s.out, scratch.data());
+    EXPECT_LT(RelError(got, want), kParityTol);
+  }
+}
 
 TEST(EmbeddingParity, RepeatedIdsAndPadding) {
   const int64_t V = 37, C = 19, N = 300;

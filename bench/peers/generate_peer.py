@@ -60,10 +60,10 @@ def decode_flops_per_token(model, context):
             n += p.numel()
     n += c.vocab_size * c.hidden_size  # the tied head
     attn = 0
-    for i, t in enumerate(c.layer_types):
-        d = c.global_head_dim if t == "full_attention" and getattr(c, "global_head_dim", None) else c.head_dim
-        keys = min(context, c.sliding_window) if t == "sliding_attention" else context
-        attn += 4 * c.num_attention_heads * d * keys
+    for layer, t in zip(model.model.layers, c.layer_types):
+        width = layer.self_attn.q_proj.weight.shape[0]  # heads x the layer's head dim
+        keys = min(context + 1, c.sliding_window) if t == "sliding_attention" else context + 1
+        attn += 4 * width * keys
     return 2 * n + attn
 
 

@@ -20,6 +20,7 @@ struct GenerateArgs {
   std::string model_id, adapter, tokenizer, data_dir, prompts_file, system, chat_template = "auto";
   std::vector<std::string> prompts;
   std::string prompt_ids;
+  std::string weights_dtype = "auto";
   GenerateOptions gen;
   int64_t max_seq_len = 4096;
   bool json = false;
@@ -58,6 +59,11 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
   cmd->add_option("--max-seq-len", a->max_seq_len,
                   "Tokens the KV cache holds (prompt, answers and, in chat, the conversation)")
       ->capture_default_str();
+  cmd->add_option("--weights-dtype", a->weights_dtype,
+                  "How the weight matrices are held: auto (bf16 for a bf16 checkpoint without "
+                  "--adapter, else fp32), fp32, bf16 (half the memory and bytes per token; "
+                  "arithmetic is fp32 either way)")
+      ->capture_default_str();
   AddDataDirOption(cmd, &a->data_dir);
   cmd->add_option("--threads", a->threads,
                   "Compute threads (default: $OMP_NUM_THREADS, else the CPUs this process may "
@@ -74,7 +80,8 @@ StatusOr<std::unique_ptr<TextGenerator>> LoadGenerator(const GenerateArgs& a) {
   ST_RETURN_IF_ERROR(SetProcessThreads(a.threads));
   std::error_code ec;
   ST_ASSIGN_OR_RETURN(const std::string data_dir, BundledDataDir(a.data_dir, a.tokenizer.empty()));
-  return TextGenerator::Load(model_id, a.adapter, a.tokenizer, data_dir, kind, a.max_seq_len);
+  return TextGenerator::Load(model_id, a.adapter, a.tokenizer, data_dir, kind, a.max_seq_len, 42,
+                             a.weights_dtype);
 }
 
 StatusOr<std::vector<int32_t>> ParseIds(const std::string& s) {

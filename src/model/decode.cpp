@@ -20,39 +20,71 @@ bool IsRowsOnly(const ParamRegistry& reg, int e) {
 
 }  // namespace
 
-double DecodeWeights::Bytes(const ParamRegistry& reg) {
+double DecodeWeights::Bytes(const ParamRegistry& reg, DType storage) {
   double n = 0;
-  for (int e = 0; e < reg.base_entries; ++e)
-    if (!IsRowsOnly(reg, e)) n += static_cast<double>(reg.layout.entry(e).numel);
-  return n * sizeof(float);
-}
-
-DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source) {
-  const size_t entries = static_cast<size_t>(reg.layout.size());
-  std::vector<int64_t> offset(entries, -1);
-  int64_t total = 0;
   for (int e = 0; e < reg.base_entries; ++e) {
     if (IsRowsOnly(reg, e)) continue;
-    offset[static_cast<size_t>(e)] = total;
-    // 16-float alignment for every tensor, as the arenas have.
-    total += (reg.layout.entry(e).numel + 15) / 16 * 16;
+    const ArenaEntry& a = reg.layout.entry(e);
+    n += static_cast<double>(a.numel) *
+         (storage == DType::kBF16 && a.shape.size() == 2 ? sizeof(uint16_t) : sizeof(float));
+  }
+  return n;
+}
+
+DType DecodeWeights::DefaultStorage(const ParamRegistry& reg, const WeightSource& source) {
+  return source.dtype() == DType::kBF16 && !reg.HasAdapters() ? DType::kBF16 : DType::kF32;
+}
+
+DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source, DType storage)
+    : storage_(storage) {
+  ST_CHECK(storage == DType::kF32 || storage == DType::kBF16)
+      << "decode weights are fp32 or bf16, not " << DTypeName(storage);
+  const size_t entries = static_cast<size_t>(reg.layout.size());
+  auto half = [&](int e) {
+    return storage == DType::kBF16 && reg.layout.entry(e).shape.size() == 2;
+  };
+  std::vector<int64_t> offset(entries, -1);
+  int64_t total = 0, halves = 0, widest = 1;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    if (IsRowsOnly(reg, e)) continue;
+    const int64_t numel = reg.layout.entry(e).numel;
+    widest = std::max(widest, numel);
+    if (half(e)) {
+      offset[static_cast<size_t>(e)] = halves;
+      halves += numel;
+    } else {
+      offset[static_cast<size_t>(e)] = total;
+      total += (numel + 15) / 16 * 16;  // 16-float alignment, as the arenas have
+    }
   }
   buffer_ = AlignedBuffer(std::max<int64_t>(total, 1));
-  table_.param.assign(entries, nullptr);
-  table_.grad.assign(entries, nullptr);
-  table_.rows.assign(entries, nullptr);
+  half_.resize(static_cast<size_t>(halves));
+  f32_.assign(entries, nullptr);
+  bf16_.assign(entries, nullptr);
+  rows_.assign(entries, nullptr);
+  // One tensor at a time through fp32 (merging an adapter needs it whole).
+  std::vector<float> tmp(storage == DType::kBF16 ? static_cast<size_t>(widest) : 0);
   for (int e = 0; e < reg.base_entries; ++e) {
-    if (offset[static_cast<size_t>(e)] < 0) {
-      table_.rows[static_cast<size_t>(e)] = &source;
+    const size_t i = static_cast<size_t>(e);
+    if (offset[i] < 0) {
+      rows_[i] = &source;
       continue;
     }
-    float* dst = buffer_.data() + offset[static_cast<size_t>(e)];
-    if (reg.lora_a[static_cast<size_t>(e)] >= 0)
+    float* dst = half(e) ? tmp.data() : buffer_.data() + offset[i];
+    if (reg.lora_a[i] >= 0)
       MergeLora(reg, source, e, dst);
     else
       source.ReadAll(e, dst);
     source.Release(e);
-    table_.param[static_cast<size_t>(e)] = dst;
+    if (half(e)) {
+      uint16_t* h = half_.data() + offset[i];
+      const int64_t n = reg.layout.entry(e).numel;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t j = 0; j < n; ++j) h[j] = FloatToBF16(dst[j]);
+      bf16_[i] = h;
+    } else {
+      f32_[i] = dst;
+    }
   }
 }
 
@@ -89,13 +121,13 @@ double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t c
   n += static_cast<double>(chunk) *
        static_cast<double>(3 * d + 4 * H * Dmax + 2 * widest + 3 * LP + d + H + 8);
   n += static_cast<double>(omp_get_max_threads()) * static_cast<double>(capacity);
-  n += static_cast<double>(kHeadBlock * d);
+  n += static_cast<double>(cpu::Bf16ScratchFloats(std::max({d, H * Dmax, widest})));
   return n * sizeof(float);
 }
 
 Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
-                             const ParamTable& table, int64_t capacity, int64_t chunk)
-    : cfg_(cfg), reg_(reg), t_(table), capacity_(capacity), chunk_(std::min(chunk, capacity)) {
+                             const DecodeWeights& weights, int64_t capacity, int64_t chunk)
+    : cfg_(cfg), reg_(reg), w_(weights), capacity_(capacity), chunk_(std::min(chunk, capacity)) {
   ST_CHECK(capacity >= 1 && chunk >= 1) << "decoder capacity and chunk must be positive";
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_attention_heads, d = cfg_.hidden_size;
   const int64_t P = cfg_.hidden_size_per_layer_input;
@@ -138,7 +170,9 @@ Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
   rstd_.resize(c * std::max(L, H));
   pg_.resize(c * std::max<int64_t>(P, 1));
   scores_.resize(static_cast<size_t>(omp_get_max_threads()) * capacity_);
-  if (t_.param[reg_.embed_tokens] == nullptr) head_w_.resize(kHeadBlock * d);
+  if (w_.storage() == DType::kBF16)
+    widen_.resize(static_cast<size_t>(
+        cpu::Bf16ScratchFloats(std::max({d, H * Dmax, widest, std::max<int64_t>(P, 1)}))));
   pos_.resize(c);
 }
 
@@ -166,24 +200,24 @@ void Gemma4Decoder::Chunk(const int32_t* ids, int64_t n, float* logits) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(length_ + t);
   const float sd = std::sqrt(static_cast<float>(d));
-  if (const float* e = t_.param[reg_.embed_tokens])
+  if (const float* e = w_.f32(reg_.embed_tokens)) {
     cpu::EmbeddingForward(ids, e, x_.data(), n, d, sd);
-  else
-    t_.rows[reg_.embed_tokens]->GatherRows(reg_.embed_tokens, ids, n, sd, x_.data());
+  } else {
+    const uint16_t* e16 = w_.bf16(reg_.embed_tokens);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < d; ++c)
+        x_[static_cast<size_t>(t * d + c)] = BF16ToFloat(e16[int64_t{ids[t]} * d + c]) * sd;
+  }
   if (P > 0) {
     // ple[l] = (norm(x0 Wplmp^T / sqrt(d)) + Epl[ids] * sqrt(P)) / sqrt(2), stored [L, n, P].
     float* proj = proj_.data();   // [n, L*P]
     float* tk = ple_tok_.data();  // [n, L*P]
-    cpu::LinearForward(x_.data(), t_.param[reg_.per_layer_model_projection], proj, n, d, L * P,
-                       1.0f / sd, false);
-    cpu::RmsNormForward(proj, t_.param[reg_.per_layer_projection_norm], proj, rstd_.data(), n * L,
-                        P, eps);
+    Linear(reg_.per_layer_model_projection, x_.data(), proj, n, d, L * P, 1.0f / sd);
+    cpu::RmsNormForward(proj, w_.f32(reg_.per_layer_projection_norm), proj, rstd_.data(), n * L, P,
+                        eps);
     const int ple_table = reg_.embed_tokens_per_layer;
     const float sp = std::sqrt(static_cast<float>(P));
-    if (const float* e = t_.param[ple_table])
-      cpu::EmbeddingForward(ids, e, tk, n, L * P, sp);
-    else
-      t_.rows[ple_table]->GatherRows(ple_table, ids, n, sp, tk);
+    w_.rows(ple_table)->GatherRows(ple_table, ids, n, sp, tk);
     const float s = static_cast<float>(std::pow(2.0, -0.5));
     for (int64_t t = 0; t < n; ++t)
       for (int64_t l = 0; l < L; ++l)
@@ -194,7 +228,7 @@ void Gemma4Decoder::Chunk(const int32_t* ids, int64_t n, float* logits) {
   length_ += n;
   if (logits == nullptr) return;
   float* last = h_.data();
-  cpu::RmsNormForward(x_.data() + (n - 1) * d, t_.param[reg_.norm], last, rstd_.data(), 1, d, eps);
+  cpu::RmsNormForward(x_.data() + (n - 1) * d, w_.f32(reg_.norm), last, rstd_.data(), 1, d, eps);
   Head(last, logits);
 }
 
@@ -207,22 +241,22 @@ void Gemma4Decoder::Layer(int64_t i, int64_t n) {
   const bool full = cfg_.layer_types[i] == LayerType::kFull;
   const float* cos_t = full ? cos_f_.data() : cos_s_.data();
   const float* sin_t = full ? sin_f_.data() : sin_s_.data();
-  auto W = [&](int idx) { return t_.param[idx]; };
+  auto W = [&](int idx) { return w_.f32(idx); };
   float* rstd = rstd_.data();
   float* x = x_.data();
   float* h = h_.data();
 
   cpu::RmsNormForward(x, W(lp.input_layernorm), h, rstd, n, d, eps);
-  cpu::LinearForward(h, W(lp.q_proj), q_.data(), n, d, H * D, 1.0f, false);
+  Linear(lp.q_proj, h, q_.data(), n, d, H * D);
   cpu::RmsNormForward(q_.data(), W(lp.q_norm), q_.data(), rstd, n * H, D, eps);
   cpu::Rope(q_.data(), cos_t, sin_t, pos_.data(), 1, n, H, D, false);
   if (!cfg_.IsKvShared(i)) {
     float* k = k_.data();
     float* v = v_.data();
-    cpu::LinearForward(h, W(lp.k_proj), k, n, d, Hkv * D, 1.0f, false);
+    Linear(lp.k_proj, h, k, n, d, Hkv * D);
     cpu::RmsNormForward(k, W(lp.k_norm), k, rstd, n * Hkv, D, eps);
     cpu::Rope(k, cos_t, sin_t, pos_.data(), 1, n, Hkv, D, false);
-    cpu::LinearForward(h, W(lp.v_proj), v, n, d, Hkv * D, 1.0f, false);
+    Linear(lp.v_proj, h, v, n, d, Hkv * D);
     cpu::RmsNormForward(v, nullptr, v, rstd, n * Hkv, D, eps);
     const size_t row = static_cast<size_t>(Hkv * D);
     for (int64_t t = 0; t < n; ++t) {
@@ -233,22 +267,22 @@ void Gemma4Decoder::Layer(int64_t i, int64_t n) {
   }
   Attend(i, q_.data(), o_.data(), n);
   float* a = a_.data();
-  cpu::LinearForward(o_.data(), W(lp.o_proj), a, n, H * D, d, 1.0f, false);
+  Linear(lp.o_proj, o_.data(), a, n, H * D, d);
   cpu::RmsNormForward(a, W(lp.post_attention_layernorm), a, rstd, n, d, eps);
   cpu::Add(x, a, n * d);
 
   cpu::RmsNormForward(x, W(lp.pre_feedforward_layernorm), h, rstd, n, d, eps);
-  cpu::LinearForward(h, W(lp.gate_proj), gate_.data(), n, d, F, 1.0f, false);
-  cpu::LinearForward(h, W(lp.up_proj), up_.data(), n, d, F, 1.0f, false);
+  Linear(lp.gate_proj, h, gate_.data(), n, d, F);
+  Linear(lp.up_proj, h, up_.data(), n, d, F);
   cpu::GeluMulForward(gate_.data(), up_.data(), gate_.data(), n * F);
-  cpu::LinearForward(gate_.data(), W(lp.down_proj), a, n, F, d, 1.0f, false);
+  Linear(lp.down_proj, gate_.data(), a, n, F, d);
   cpu::RmsNormForward(a, W(lp.post_feedforward_layernorm), a, rstd, n, d, eps);
   cpu::Add(x, a, n * d);
 
   if (P > 0) {
-    cpu::LinearForward(x, W(lp.per_layer_input_gate), pg_.data(), n, d, P, 1.0f, false);
+    Linear(lp.per_layer_input_gate, x, pg_.data(), n, d, P);
     cpu::GeluMulForward(pg_.data(), ple_.data() + i * n * P, pg_.data(), n * P);
-    cpu::LinearForward(pg_.data(), W(lp.per_layer_projection), a, n, P, d, 1.0f, false);
+    Linear(lp.per_layer_projection, pg_.data(), a, n, P, d);
     cpu::RmsNormForward(a, W(lp.post_per_layer_input_norm), a, rstd, n, d, eps);
     cpu::Add(x, a, n * d);
   }
@@ -297,19 +331,19 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
     }
 }
 
-void Gemma4Decoder::Head(const float* h, float* logits) {
-  const int64_t d = cfg_.hidden_size, V = cfg_.vocab_size;
-  if (const float* e = t_.param[reg_.embed_tokens]) {
-    cpu::LinearForward(h, e, logits, 1, d, V, 1.0f, false);
-  } else {
-    const WeightSource* rows = t_.rows[reg_.embed_tokens];
-    for (int64_t v0 = 0; v0 < V; v0 += kHeadBlock) {
-      const int64_t c = std::min(kHeadBlock, V - v0);
-      rows->Read(reg_.embed_tokens, v0 * d, c * d, head_w_.data());
-      cpu::LinearForward(h, head_w_.data(), logits + v0, 1, d, c, 1.0f, false);
-    }
+void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
+                           float alpha) {
+  if (const float* w = w_.f32(e)) {
+    cpu::LinearForward(x, w, y, n, in, out, alpha, false);
+    return;
   }
-  cpu::SoftcapForward(logits, V, static_cast<float>(cfg_.final_logit_softcapping));
+  cpu::LinearForwardBf16(x, w_.bf16(e), y, n, in, out, widen_.data());
+  if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
+}
+
+void Gemma4Decoder::Head(const float* h, float* logits) {
+  Linear(reg_.embed_tokens, h, logits, 1, cfg_.hidden_size, cfg_.vocab_size);
+  cpu::SoftcapForward(logits, cfg_.vocab_size, static_cast<float>(cfg_.final_logit_softcapping));
 }
 
 }  // namespace st

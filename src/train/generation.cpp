@@ -88,7 +88,11 @@ double Generation::DecodeTokensPerSecond() const {
 
 StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     const std::string& model_id, const std::string& adapter, const std::string& tokenizer,
-    const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed) {
+    const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed,
+    const std::string& weights_dtype) {
+  if (weights_dtype != "auto" && weights_dtype != "fp32" && weights_dtype != "bf16")
+    return InvalidArgument("--weights-dtype must be auto, fp32 or bf16, got '" + weights_dtype +
+                           "'");
   auto g = std::make_unique<TextGenerator>();
   ST_ASSIGN_OR_RETURN(g->model, LoadModel(model_id, preset_seed));
   if (!adapter.empty()) {
@@ -100,14 +104,19 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
   if (capacity > cfg.max_position_embeddings)
     return InvalidArgument(StrCat("--max-seq-len ", capacity, " exceeds the model's ",
                                   cfg.max_position_embeddings, " positions"));
-  const double need = DecodeWeights::Bytes(g->model.registry) + Gemma4Decoder::Bytes(cfg, capacity);
+  const DType storage = weights_dtype == "fp32" ? DType::kF32
+                        : weights_dtype == "bf16"
+                            ? DType::kBF16
+                            : DecodeWeights::DefaultStorage(g->model.registry, *g->model.weights);
+  const double need =
+      DecodeWeights::Bytes(g->model.registry, storage) + Gemma4Decoder::Bytes(cfg, capacity);
   const double have =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > 0.9 * have)
     return ResourceExhausted(
         StrCat("generating needs about ", static_cast<int64_t>(need / (1 << 20)),
-               " MiB (the weights in fp32 and the cache for ", capacity, " tokens), more than ",
-               "this machine's ", static_cast<int64_t>(have / (1 << 20)),
+               " MiB (the weights in ", DTypeName(storage), " and the cache for ", capacity,
+               " tokens), more than ", "this machine's ", static_cast<int64_t>(have / (1 << 20)),
                " MiB; lower --max-seq-len or use a machine with more memory"));
   std::error_code ec;
   g->tokenizer_dir = !tokenizer.empty() ? tokenizer
@@ -136,13 +145,13 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     add_stop(*t);
     g->end_of_turn = *t;
   }
-  g->weights = std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights);
+  g->weights = std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, storage);
   return g;
 }
 
 Conversation::Conversation(const TextGenerator& g, int64_t capacity, int64_t chunk)
     : g_(g),
-      decoder_(g.model.config, g.model.registry, g.weights->table(), capacity, chunk),
+      decoder_(g.model.config, g.model.registry, *g.weights, capacity, chunk),
       logits_(static_cast<size_t>(g.model.config.vocab_size)) {}
 
 void Conversation::Reset() {

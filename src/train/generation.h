@@ -54,11 +54,13 @@ struct TextGenerator {
   // model_id: a directory or preset (resolved already); adapter: a PEFT adapter directory or "";
   // tokenizer: a path or "" (the model directory's, else the bundled one in data_dir).
   // preset_seed: a preset's initialisation (finetune --seed; 42 as finetune's default).
+  // weights_dtype: how the matrices are held (auto | fp32 | bf16; DecodeWeights).
   // Refuses, before reading weights, a model whose fp32 weights and cache would not fit in
   // this machine's memory.
   static StatusOr<std::unique_ptr<TextGenerator>> Load(
       const std::string& model_id, const std::string& adapter, const std::string& tokenizer,
-      const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed = 42);
+      const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed = 42,
+      const std::string& weights_dtype = "auto");
 };
 
 // A prompt file (generate --prompts, finetune --sample-prompts): JSON lines ({"prompt": ...}, or

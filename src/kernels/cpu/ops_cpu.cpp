@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -44,6 +45,54 @@ void LinearForward(const float* x, const float* w, float* y, int64_t N, int64_t 
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, alpha, x, in, w, in,
               accumulate ? 1.0f : 0.0f, y, out);
+}
+
+void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
+                       int64_t out, float* scratch) {
+  if (N == 0 || out == 0) return;
+  auto widen = [](uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); };
+  if (N == 1) {
+    // Four rows at a time: four independent accumulations (the FMA latency is hidden) and each
+    // x element loaded once for them.
+    const int64_t blocks = (out + 3) / 4;
+#pragma omp parallel for schedule(static) if (out * in > (1 << 15))
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t o = 4 * b;
+      if (o + 4 <= out) {
+        const uint16_t *r0 = w + o * in, *r1 = r0 + in, *r2 = r1 + in, *r3 = r2 + in;
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+        for (int64_t j = 0; j < in; ++j) {
+          const float xj = x[j];
+          a0 += xj * widen(r0[j]);
+          a1 += xj * widen(r1[j]);
+          a2 += xj * widen(r2[j]);
+          a3 += xj * widen(r3[j]);
+        }
+        y[o] = a0, y[o + 1] = a1, y[o + 2] = a2, y[o + 3] = a3;
+      } else {
+        for (int64_t k = o; k < out; ++k) {
+          const uint16_t* r = w + k * in;
+          float acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t j = 0; j < in; ++j) acc += x[j] * widen(r[j]);
+          y[k] = acc;
+        }
+      }
+    }
+    return;
+  }
+  // Tiles of about kBf16TileElements weights: one threaded widening, one sgemm each.
+  const int64_t tile = std::max<int64_t>(1, std::min(out, kBf16TileElements / in));
+  for (int64_t o0 = 0; o0 < out; o0 += tile) {
+    const int64_t rows = std::min(tile, out - o0);
+    const int64_t n = rows * in;
+    const uint16_t* src = w + o0 * in;
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t j = 0; j < n; ++j) scratch[j] = widen(src[j]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, rows, in, 1.0f, x, in, scratch, in,
+                0.0f, y + o0, out);
+  }
 }
 
 void LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,

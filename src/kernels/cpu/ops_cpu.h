@@ -2,6 +2,7 @@
 // (one thread team shared with OpenBLAS's OpenMP build, so the two never oversubscribe).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/attn_mask.h"
@@ -22,6 +23,17 @@ void ReserveAttentionScratch(int64_t max_B, int64_t max_T, int64_t H, int64_t ma
 // OpenMP threads (for the memory plan).
 double AttentionWorkspaceBytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                                int threads);
+
+// y[N,out] = x[N,in] . w[out,in]^T with w stored in bf16 (decoding a bf16 checkpoint reads half
+// the bytes): fp32 arithmetic on the exact widened weights. N = 1 is a matrix-vector product
+// threaded over output rows; N > 1 widens about kBf16TileElements weights at a time (at least one
+// row) into `scratch` (Bf16ScratchFloats(in) floats) and multiplies them with sgemm.
+constexpr int64_t kBf16TileElements = int64_t{1} << 20;
+inline int64_t Bf16ScratchFloats(int64_t in) {
+  return std::max(kBf16TileElements, in);
+}
+void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
+                       int64_t out, float* scratch);
 
 // Threads used by OpenMP regions and OpenBLAS for this process.
 void SetNumThreads(int n);
