@@ -82,7 +82,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearParity,
 TEST(LinearBf16, EqualsTheProductWithWidenedWeights) {
   for (const LinearShape s :
        {LinearShape{1, 70, 300}, LinearShape{1, 1, 1}, LinearShape{9, 33, 130},
-        LinearShape{70, 64, 64}, LinearShape{3, 40000, 60}}) {
+        LinearShape{70, 64, 64}, LinearShape{3, 40000, 60}, LinearShape{1, 96, 11},
+        LinearShape{1, 1536, 64}}) {
     SCOPED_TRACE(std::to_string(s.N) + "x" + std::to_string(s.in) + "x" + std::to_string(s.out));
     auto x = RandomVec(s.N * s.in, 1), w = RandomVec(s.out * s.in, 2);
     std::vector<uint16_t> half(w.size());

@@ -3,6 +3,10 @@
 #include <cblas.h>
 #include <omp.h>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -47,11 +51,46 @@ void LinearForward(const float* x, const float* w, float* y, int64_t N, int64_t 
               accumulate ? 1.0f : 0.0f, y, out);
 }
 
+// gcc 12 reports the AVX-512 intrinsics' deliberately undefined upper halves
+// (_mm512_undefined_*) as maybe-uninitialized: a known false positive.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                        int64_t out, float* scratch) {
   if (N == 0 || out == 0) return;
   auto widen = [](uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); };
   if (N == 1) {
+#ifdef __AVX512F__
+    if (in % 32 == 0) {
+      // Row by row, 32 weights per step. Unpacking 16-bit zeros below each bf16 gives the fp32
+      // values in one instruction per 16, but in the order of the 128-bit lanes' low then high
+      // quarters; x is permuted once into `scratch` to match. The weights are prefetched 2 KB
+      // ahead (the hardware prefetcher alone leaves a fifth of the bandwidth unused here).
+      float* xp = scratch;
+      for (int64_t j = 0; j < in; j += 32)
+        for (int lane = 0; lane < 4; ++lane)
+          for (int k = 0; k < 4; ++k) {
+            xp[j + lane * 4 + k] = x[j + lane * 8 + k];
+            xp[j + 16 + lane * 4 + k] = x[j + lane * 8 + 4 + k];
+          }
+      const __m512i zero = _mm512_setzero_si512();
+#pragma omp parallel for schedule(static) if (out * in > (1 << 15))
+      for (int64_t o = 0; o < out; ++o) {
+        const uint16_t* r = w + o * in;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t j = 0; j < in; j += 32) {
+          _mm_prefetch(reinterpret_cast<const char*>(r + j + 1024), _MM_HINT_T0);
+          const __m512i v = _mm512_loadu_si512(r + j);
+          a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)),
+                               _mm512_loadu_ps(xp + j), a0);
+          a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v)),
+                               _mm512_loadu_ps(xp + j + 16), a1);
+        }
+        y[o] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+      }
+      return;
+    }
+#endif
     // Four rows at a time: four independent accumulations (the FMA latency is hidden) and each
     // x element loaded once for them.
     const int64_t blocks = (out + 3) / 4;
@@ -94,6 +133,7 @@ void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, i
                 0.0f, y + o0, out);
   }
 }
+#pragma GCC diagnostic pop
 
 void LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                     int64_t N, int64_t in, int64_t out, float alpha, bool accumulate_dx) {

@@ -26,8 +26,9 @@ double AttentionWorkspaceBytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int
 
 // y[N,out] = x[N,in] . w[out,in]^T with w stored in bf16 (decoding a bf16 checkpoint reads half
 // the bytes): fp32 arithmetic on the exact widened weights. N = 1 is a matrix-vector product
-// threaded over output rows; N > 1 widens about kBf16TileElements weights at a time (at least one
-// row) into `scratch` (Bf16ScratchFloats(in) floats) and multiplies them with sgemm.
+// threaded over output rows (with AVX-512 and in % 32 == 0, x is first permuted into `scratch`);
+// N > 1 widens about kBf16TileElements weights at a time (at least one row) into `scratch`
+// (Bf16ScratchFloats(in) floats) and multiplies them with sgemm.
 constexpr int64_t kBf16TileElements = int64_t{1} << 20;
 inline int64_t Bf16ScratchFloats(int64_t in) {
   return std::max(kBf16TileElements, in);
