@@ -2,7 +2,8 @@
 """Reads a slicetrain run's TensorBoard events with TensorBoard's own reader and checks them against the
 run's metrics.jsonl: every step record's loss, learning rate, grad norm, tokens/s (as float32) must be the
 scalar TensorBoard reports at that step under train/loss, train/learning_rate, train/grad_norm,
-train/tokens_per_s, and every epoch record's loss under epoch/loss at the epoch's global step.
+train/tokens_per_s, every epoch record's loss under epoch/loss at the epoch's global step, and every eval
+record's eval_loss under eval/loss at its step.
 
 Usage: tools/.venv/bin/python tools/check_tensorboard.py RUN_DIR     (needs tensorboard, tools/requirements.txt)
 Exit status 0 when everything matches; prints the tags found and the number of values compared.
@@ -29,11 +30,12 @@ def main():
     tags = acc.Tags()["scalars"]
     print("tags:", ", ".join(sorted(tags)))
     scalars = {t: {e.step: e.value for e in acc.Scalars(t)} for t in tags}
-    steps, epochs = [], []
+    steps, epochs, evals = [], [], []
     with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
-            (steps if r.get("type") == "step" else epochs).append(r)
+            # "samples" records (--sample-prompts) have no scalar in TensorBoard.
+            {"step": steps, "epoch": epochs, "eval": evals}.get(r.get("type"), []).append(r)
     compared, bad = 0, 0
     for r in steps:
         for tag, key in [("train/loss", "loss"), ("train/learning_rate", "lr"), ("train/grad_norm", "grad_norm"),
@@ -49,7 +51,14 @@ def main():
         if got is None or got != f32(r["loss"]):
             bad += 1
             print(f"epoch {r['epoch']} epoch/loss: tensorboard {got}, metrics.jsonl {r['loss']}")
-    print(f"{len(steps)} steps, {len(epochs)} epochs, {compared} values compared, {bad} differ")
+    for r in evals:
+        got = scalars.get("eval/loss", {}).get(r["step"])
+        compared += 1
+        if got is None or got != f32(r["eval_loss"]):
+            bad += 1
+            print(f"eval at step {r['step']} eval/loss: tensorboard {got}, metrics.jsonl {r['eval_loss']}")
+    print(f"{len(steps)} steps, {len(epochs)} epochs, {len(evals)} evaluations, {compared} values compared, "
+          f"{bad} differ")
     return 0 if bad == 0 and compared > 0 else 1
 
 

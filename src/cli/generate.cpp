@@ -155,6 +155,7 @@ Status RunGenerate(GenerateArgs a) {
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("\n");
+      std::fflush(stdout);  // the answer's end before the figures on stderr
       PrintStats(*r);
     }
     std::fflush(stdout);
