@@ -217,6 +217,49 @@ TEST_F(Faults, KilledWorkersMidEpochAndMidCheckpointResumeExactly) {
       << "the final weights of the run that lost workers differ from the uninterrupted run's";
 }
 
+// --gradient-accumulation-steps 2 with a step checkpoint every 2 optimizer steps: a worker killed
+// right after an odd step (inside the next step's micro-batches, before its update) makes the
+// restarted run resume from the even step's checkpoint and redo the whole cycle; the final
+// weights are the uninterrupted run's, bit for bit.
+TEST_F(Faults, KilledInsideAnAccumulationCycleResumesExactly) {
+  const std::vector<std::string> acc = {
+      "--gradient-accumulation-steps", "2", "--batch-size-per-device", "2", "--save-steps", "2"};
+  Proc ref(Finetune("reference", acc));
+  ASSERT_EQ(ref.Wait(std::chrono::seconds(300)), 0) << ref.out();
+  const std::string expected =
+      ReadFile(NewestCheckpoint(dir_ + "/reference") + "/model.safetensors");
+  ASSERT_FALSE(expected.empty());
+  // An odd step of epoch 2 that the progress lines show, followed by another step.
+  const std::string ref_out = ref.out();
+  const std::regex step_re(R"(epoch 2/3 step (\d+)/(\d+))");
+  std::string line;
+  for (auto it = std::sregex_iterator(ref_out.begin(), ref_out.end(), step_re);
+       it != std::sregex_iterator(); ++it) {
+    const int step = std::stoi((*it)[1]), steps = std::stoi((*it)[2]);
+    if (step % 2 == 1 && step + 1 < steps) {
+      line = (*it)[0];
+      break;
+    }
+  }
+  ASSERT_FALSE(line.empty()) << ref_out;
+  SCOPED_TRACE("SIGKILL of worker 1 after '" + line + "'");
+  std::vector<std::string> faulty = acc;
+  faulty.insert(faulty.end(), {"--max-failures", "1"});
+  Proc job(Finetune("faulty", faulty));
+  ASSERT_TRUE(job.WaitFor(line, std::chrono::seconds(300))) << job.out();
+  std::vector<pid_t> workers = Workers(job.pid());
+  ASSERT_EQ(workers.size(), 2u) << job.out();
+  ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+  ASSERT_EQ(job.Wait(std::chrono::seconds(600)), 0) << job.out();
+  const std::string out = job.out();
+  EXPECT_NE(out.find("(restart 1 of --max-failures 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("Resuming from "), std::string::npos) << out;
+  const std::string got = ReadFile(NewestCheckpoint(dir_ + "/faulty") + "/model.safetensors");
+  EXPECT_TRUE(got == expected)
+      << "the final weights of the run killed inside an accumulation cycle differ from the "
+         "uninterrupted run's";
+}
+
 TEST_F(Faults, StoppedWorkerIsDetectedByTimeout) {
   // Without restarts: the job ends with one error line naming the collective that timed out.
   {

@@ -78,7 +78,6 @@ StatusOr<std::unique_ptr<TextGenerator>> LoadGenerator(const GenerateArgs& a) {
   ST_ASSIGN_OR_RETURN(TemplateKind kind, ParseTemplateKind(a.chat_template));
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
   ST_RETURN_IF_ERROR(SetProcessThreads(a.threads));
-  std::error_code ec;
   ST_ASSIGN_OR_RETURN(const std::string data_dir, BundledDataDir(a.data_dir, a.tokenizer.empty()));
   return TextGenerator::Load(model_id, a.adapter, a.tokenizer, data_dir, kind, a.max_seq_len, 42,
                              a.weights_dtype);
