@@ -22,7 +22,7 @@ struct GenerateArgs {
   std::string prompt_ids;
   std::string weights_dtype = "auto";
   GenerateOptions gen;
-  int64_t max_seq_len = 4096;
+  int64_t max_seq_len = 0;  // 0: 4096, or the model's positions when fewer
   bool json = false;
   int threads = 0;
 };
@@ -57,8 +57,8 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
   cmd->add_option("--seed", a->gen.sampling.seed, "Seed of the sampling draws")
       ->capture_default_str();
   cmd->add_option("--max-seq-len", a->max_seq_len,
-                  "Tokens the KV cache holds (prompt, answers and, in chat, the conversation)")
-      ->capture_default_str();
+                  "Tokens the KV cache holds (prompt, answers and, in chat, the conversation); "
+                  "default 4096, or the model's max_position_embeddings when smaller");
   cmd->add_option("--weights-dtype", a->weights_dtype,
                   "How the weight matrices are held: auto (bf16 for a bf16 checkpoint without "
                   "--adapter, else fp32), fp32, bf16 (half the memory and bytes per token; "
@@ -71,7 +71,7 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
 }
 
 StatusOr<std::unique_ptr<TextGenerator>> LoadGenerator(const GenerateArgs& a) {
-  if (a.max_seq_len < 2) return InvalidArgument("--max-seq-len must be >= 2");
+  if (a.max_seq_len != 0 && a.max_seq_len < 2) return InvalidArgument("--max-seq-len must be >= 2");
   ST_RETURN_IF_ERROR(a.gen.sampling.Validate());
   if (a.gen.max_new_tokens < 1)
     return InvalidArgument(StrCat("--max-new-tokens must be >= 1, got ", a.gen.max_new_tokens));
@@ -130,7 +130,7 @@ Status RunGenerate(GenerateArgs a) {
     ST_ASSIGN_OR_RETURN(ids, ParseIds(a.prompt_ids));
   }
   ST_ASSIGN_OR_RETURN(std::unique_ptr<TextGenerator> g, LoadGenerator(a));
-  Conversation conv(*g, a.max_seq_len);
+  Conversation conv(*g, g->capacity);
   auto stream = [&](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -164,7 +164,7 @@ Status RunGenerate(GenerateArgs a) {
 
 Status RunChat(const GenerateArgs& a) {
   ST_ASSIGN_OR_RETURN(std::unique_ptr<TextGenerator> g, LoadGenerator(a));
-  Conversation conv(*g, a.max_seq_len);
+  Conversation conv(*g, g->capacity);
   const bool tty = isatty(STDIN_FILENO) != 0;
   if (tty)
     std::fprintf(stderr,

@@ -101,6 +101,8 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     ST_RETURN_IF_ERROR(AttachPeftAdapter(&g->model, adapter));
   }
   const Gemma4Config& cfg = g->model.config;
+  if (capacity == 0) capacity = std::min<int64_t>(4096, cfg.max_position_embeddings);
+  g->capacity = capacity;
   if (capacity > cfg.max_position_embeddings)
     return InvalidArgument(StrCat("--max-seq-len ", capacity, " exceeds the model's ",
                                   cfg.max_position_embeddings, " positions"));

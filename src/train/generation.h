@@ -50,6 +50,8 @@ struct TextGenerator {
   std::string tokenizer_dir;
   // The first stop token that is `<turn|>`, -1 if none.
   int32_t end_of_turn = -1;
+  // Tokens a conversation may hold: Load's capacity, or (0) 4096 capped at the model's positions.
+  int64_t capacity = 0;
 
   // model_id: a directory or preset (resolved already); adapter: a PEFT adapter directory or "";
   // tokenizer: a path or "" (the model directory's, else the bundled one in data_dir).
