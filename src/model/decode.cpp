@@ -44,11 +44,14 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
     return storage == DType::kBF16 && reg.layout.entry(e).shape.size() == 2;
   };
   std::vector<int64_t> offset(entries, -1);
-  int64_t total = 0, halves = 0, widest = 1;
+  // A bf16 matrix goes through fp32 in chunks of kChunk elements, or whole when an adapter is
+  // merged into it (the merge needs the tensor): the fp32 scratch is the larger of the two.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  int64_t total = 0, halves = 0, scratch = kChunk;
   for (int e = 0; e < reg.base_entries; ++e) {
     if (IsRowsOnly(reg, e)) continue;
     const int64_t numel = reg.layout.entry(e).numel;
-    widest = std::max(widest, numel);
+    if (half(e) && reg.lora_a[static_cast<size_t>(e)] >= 0) scratch = std::max(scratch, numel);
     if (half(e)) {
       offset[static_cast<size_t>(e)] = halves;
       halves += numel;
@@ -62,29 +65,39 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
   f32_.assign(entries, nullptr);
   bf16_.assign(entries, nullptr);
   rows_.assign(entries, nullptr);
-  // One tensor at a time through fp32 (merging an adapter needs it whole).
-  std::vector<float> tmp(storage == DType::kBF16 ? static_cast<size_t>(widest) : 0);
+  std::vector<float> tmp(storage == DType::kBF16 ? static_cast<size_t>(scratch) : 0);
+  auto to_bf16 = [](const float* src, uint16_t* h, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t j = 0; j < n; ++j) h[j] = FloatToBF16(src[j]);
+  };
   for (int e = 0; e < reg.base_entries; ++e) {
     const size_t i = static_cast<size_t>(e);
     if (offset[i] < 0) {
       rows_[i] = &source;
       continue;
     }
-    float* dst = half(e) ? tmp.data() : buffer_.data() + offset[i];
-    if (reg.lora_a[i] >= 0)
-      MergeLora(reg, source, e, dst);
-    else
-      source.ReadAll(e, dst);
-    source.Release(e);
-    if (half(e)) {
-      uint16_t* h = half_.data() + offset[i];
-      const int64_t n = reg.layout.entry(e).numel;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-      for (int64_t j = 0; j < n; ++j) h[j] = FloatToBF16(dst[j]);
-      bf16_[i] = h;
-    } else {
+    const int64_t n = reg.layout.entry(e).numel;
+    const bool merge = reg.lora_a[i] >= 0;
+    if (!half(e)) {
+      float* dst = buffer_.data() + offset[i];
+      if (merge)
+        MergeLora(reg, source, e, dst);
+      else
+        source.ReadAll(e, dst);
       f32_[i] = dst;
+    } else if (merge) {
+      MergeLora(reg, source, e, tmp.data());
+      to_bf16(tmp.data(), half_.data() + offset[i], n);
+      bf16_[i] = half_.data() + offset[i];
+    } else {
+      for (int64_t j = 0; j < n; j += kChunk) {
+        const int64_t c = std::min(kChunk, n - j);
+        source.Read(e, j, c, tmp.data());
+        to_bf16(tmp.data(), half_.data() + offset[i] + j, c);
+      }
+      bf16_[i] = half_.data() + offset[i];
     }
+    source.Release(e);
   }
 }
 
