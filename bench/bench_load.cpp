@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "dist/gloo_process_group.h"
-#include "dist/socket.h"
-#include "dist/tcp_store.h"
+#include "comm/group.h"
+#include "comm/store/socket.h"
+#include "comm/store/tcp_store.h"
 #include "io/model_loader.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "model/frozen_weights.h"
@@ -29,7 +29,7 @@
 namespace {
 
 using namespace st;
-using namespace st::dist;
+using namespace st::comm;
 
 struct Config {
   std::string model;
@@ -50,7 +50,7 @@ int Worker(const Config& cfg, int rank, int P, int port) {
   auto client = TcpStoreClient::Connect("127.0.0.1", port, "bench", {});
   if (!client.ok()) return 1;
   std::shared_ptr<Store> store(std::move(*client));
-  auto pg = CreateGlooProcessGroup(store, rank, P, {});
+  auto pg = CreateProcessGroup(store, rank, P, {});
   if (!pg.ok()) return 1;
   const auto t0 = std::chrono::steady_clock::now();
   auto m = LoadModel(cfg.model, 0);

@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "dist/socket.h"
-#include "dist/tcp_store.h"
+#include "comm/store/socket.h"
+#include "comm/store/tcp_store.h"
 #include "kernels/cpu/ops_cpu.h"
 
 namespace st::bench {
@@ -28,7 +28,7 @@ double MeasureSgemmGflops(int n, int reps) {
 }
 
 int RunForkedWorkers(int P, const std::function<int(int rank, int P, int port)>& worker) {
-  auto port = dist::PickFreePort("127.0.0.1");
+  auto port = comm::PickFreePort("127.0.0.1");
   if (!port.ok()) return P;
   std::fflush(stdout);
   std::vector<pid_t> pids;
@@ -37,7 +37,7 @@ int RunForkedWorkers(int P, const std::function<int(int rank, int P, int port)>&
     if (pid == 0) _exit(worker(r, P, *port));
     pids.push_back(pid);
   }
-  auto server = dist::TcpStoreServer::Start("127.0.0.1", *port, "bench");
+  auto server = comm::TcpStoreServer::Start("127.0.0.1", *port, "bench");
   int failures = server.ok() ? 0 : 1;
   for (pid_t pid : pids) {
     int st = 0;

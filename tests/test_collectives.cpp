@@ -14,11 +14,11 @@
 #include <thread>
 
 #include "core/dtype.h"
-#include "dist/gloo_process_group.h"
-#include "dist/store.h"
+#include "comm/gloo/gloo_process_group.h"
+#include "comm/store/store.h"
 #include "test_util.h"
 
-namespace st::dist {
+namespace st::comm {
 namespace {
 
 using std::chrono::milliseconds;
@@ -30,7 +30,7 @@ void RunRanks(int world, const std::function<void(ProcessGroup&)>& fn,
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
-      GlooOptions o;
+      GroupOptions o;
       o.name = name;
       o.connect_timeout = milliseconds(30000);
       auto pg = CreateGlooProcessGroup(store, r, world, o);
@@ -168,9 +168,9 @@ TEST(Collectives, TimeoutNamesOpAndMissingRanks) {
 }
 
 }  // namespace
-}  // namespace st::dist
+}  // namespace st::comm
 
-namespace st::dist {
+namespace st::comm {
 namespace {
 
 // Forms a group of `world` thread ranks on one store; rank r uses keys[r]. Returns each rank's
@@ -182,7 +182,7 @@ std::vector<std::string> FormWithKeys(std::shared_ptr<Store> store,
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
-      GlooOptions o;
+      GroupOptions o;
       o.connect_timeout = timeout;
       o.auth_key = keys[r];
       auto pg = CreateGlooProcessGroup(store, r, world, o);
@@ -307,4 +307,4 @@ TEST(GlooAuth, AStrangerOnACollectivePortNeverJoins) {
 }
 
 }  // namespace
-}  // namespace st::dist
+}  // namespace st::comm

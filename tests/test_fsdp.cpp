@@ -6,8 +6,8 @@
 #include <cmath>
 #include <thread>
 
-#include "dist/gloo_process_group.h"
-#include "dist/store.h"
+#include "comm/group.h"
+#include "comm/store/store.h"
 #include "model/lora.h"
 #include "parallel/fsdp.h"
 #include "test_util.h"
@@ -124,14 +124,14 @@ RunResult Sharded(const Gemma4Config& c, const std::vector<float>& init, int wor
                   FsdpUnitMode mode, DType param_dtype, int steps = kSteps,
                   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone,
                   const LoraSpec& lora = {}) {
-  auto store = std::make_shared<dist::MemoryStore>();
+  auto store = std::make_shared<comm::MemoryStore>();
   std::vector<RunResult> results(world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      dist::GlooOptions go;
-      auto pg = dist::CreateGlooProcessGroup(store, r, world, go);
+      comm::GroupOptions go;
+      auto pg = comm::CreateProcessGroup(store, r, world, go);
       if (!pg.ok()) {
         errors[r] = pg.status().ToString();
         return;
@@ -287,16 +287,16 @@ TEST(FsdpMemory, ShardedStateFallsAsOneOverN) {
   auto m = PresetConfig("gemma4-tiny");
   ASSERT_TRUE(m.ok());
   const ParamRegistry reg = BuildParamRegistry(*m);
-  auto store = std::make_shared<dist::MemoryStore>();
+  auto store = std::make_shared<comm::MemoryStore>();
   for (int world : {1, 2, 4}) {
     std::vector<size_t> bytes(world);
     std::vector<std::thread> threads;
-    auto st = std::make_shared<dist::MemoryStore>();
+    auto st = std::make_shared<comm::MemoryStore>();
     for (int r = 0; r < world; ++r)
       threads.emplace_back([&, r] {
-        dist::GlooOptions go;
+        comm::GroupOptions go;
         go.name = "mem" + std::to_string(world);
-        auto pg = dist::CreateGlooProcessGroup(st, r, world, go);
+        auto pg = comm::CreateProcessGroup(st, r, world, go);
         ASSERT_TRUE(pg.ok());
         const PresetWeights weights(*m, reg, 1);
         FsdpModel f(*m, reg, **pg, Trainable(reg), weights, FsdpOptions{});

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "core/rng.h"
-#include "dist/gloo_process_group.h"
-#include "dist/store.h"
+#include "comm/group.h"
+#include "comm/store/store.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/safetensors.h"
@@ -124,13 +124,13 @@ TEST(HfModelWriter, ShardedBf16ExportReloadsExactly) {
 // Runs fn(rank, pg) on `world` threads joined by Gloo over an in-memory store.
 template <typename Fn>
 void OnRanks(int world, const std::string& name, Fn fn) {
-  auto store = std::make_shared<dist::MemoryStore>();
+  auto store = std::make_shared<comm::MemoryStore>();
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
-      dist::GlooOptions go;
+      comm::GroupOptions go;
       go.name = name;
-      auto pg = dist::CreateGlooProcessGroup(store, r, world, go);
+      auto pg = comm::CreateProcessGroup(store, r, world, go);
       ASSERT_TRUE(pg.ok()) << pg.status().ToString();
       fn(r, **pg);
     });
@@ -269,7 +269,7 @@ TEST_P(CheckpointFixture, ShardedLoadAtOneTwoAndFourRanks) {
   for (int world : {1, 2, 4}) {
     std::vector<std::vector<float>> gathered(world);
     std::vector<double> losses(world, -1);
-    OnRanks(world, "load" + std::to_string(world), [&](int r, dist::ProcessGroup& pg) {
+    OnRanks(world, "load" + std::to_string(world), [&](int r, comm::ProcessGroup& pg) {
       Gemma4Engine engine(m->config, g.B, g.T);
       FsdpModel fsdp(m->config, reg, pg, trainable->mask, *m->weights, FsdpOptions{});
       fsdp.Load();
@@ -317,7 +317,7 @@ TEST(WriteHfModel, StreamsEveryRanksPiecesAndCopiesFrozenTensors) {
   auto trainable = TrainableTensors(reg, "^embed_tokens_per_layer");
   ASSERT_TRUE(trainable.ok());
   std::vector<float> master(reg.layout.total());
-  OnRanks(2, "export", [&](int r, dist::ProcessGroup& pg) {
+  OnRanks(2, "export", [&](int r, comm::ProcessGroup& pg) {
     FsdpModel fsdp(m->config, reg, pg, trainable->mask, *m->weights, FsdpOptions{});
     fsdp.Load();
     // Something to tell the trained values from the source's: one optimizer step's worth.

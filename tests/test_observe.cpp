@@ -24,8 +24,8 @@
 #include <string>
 #include <thread>
 
-#include "dist/gloo_process_group.h"
-#include "dist/store.h"
+#include "comm/group.h"
+#include "comm/store/store.h"
 #include "observe/dashboard.h"
 #include "observe/plot.h"
 #include "observe/recorder.h"
@@ -181,14 +181,14 @@ TEST(StepMetrics, SummaryAddsRanksUp) {
 
 TEST(StepMetrics, GatheredFromEveryRankWithThreadsAsRanks) {
   for (int world : {1, 3}) {
-    auto store = std::make_shared<dist::MemoryStore>();
+    auto store = std::make_shared<comm::MemoryStore>();
     std::vector<std::vector<WorkerSample>> got(world);
     std::vector<std::vector<WorkerInfo>> info(world);
     std::vector<std::string> errors(world);
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r)
       threads.emplace_back([&, r] {
-        auto pg = dist::CreateGlooProcessGroup(store, r, world, dist::GlooOptions{});
+        auto pg = comm::CreateProcessGroup(store, r, world, comm::GroupOptions{});
         if (!pg.ok()) return void(errors[r] = pg.status().ToString());
         auto i = GatherWorkerInfo(**pg, {});
         WorkerSample mine;

@@ -3,10 +3,10 @@
 
 #include <thread>
 
-#include "dist/store.h"
-#include "dist/tcp_store.h"
+#include "comm/store/store.h"
+#include "comm/store/tcp_store.h"
 
-namespace st::dist {
+namespace st::comm {
 namespace {
 
 using std::chrono::milliseconds;
@@ -152,4 +152,4 @@ TEST(StoreProtocol, DecodeRejectsMalformedRequests) {
 }
 
 }  // namespace
-}  // namespace st::dist
+}  // namespace st::comm

@@ -37,7 +37,7 @@ Status RunLoop(const LoopArgs& a) {
     }
     std::fill(buf.begin(), buf.end(), static_cast<float>(worker->rank() + 1));
     ST_RETURN_IF_ERROR(worker->world().AllReduce(buf.data(), a.count, DType::kF32,
-                                                 dist::ReduceOp::kSum, worker->collective()));
+                                                 comm::ReduceOp::kSum, worker->collective()));
     if (a.count > 0 && buf[0] != expected)
       return Internal(StrCat("all_reduce gave ", buf[0], ", expected ", expected));
     if (worker->rank() == 0 && (i + 1) % 10 == 0) {

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "dist/device_mesh.h"
-#include "dist/socket.h"
+#include "comm/device_mesh.h"
+#include "comm/store/socket.h"
 #include "launch/cluster_env.h"
 #include "launch/topology.h"
 #include "launch/worker.h"
@@ -71,11 +71,11 @@ Status RunWorker(const CollectivesArgs& a, const launch::ClusterEnv& env,
   ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
   ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
   const int rank = worker->rank(), world = worker->world_size();
-  const dist::CollectiveOptions copts = worker->collective();
+  const comm::CollectiveOptions copts = worker->collective();
 
   // 1-2. Tensor-parallel FeedForward over a 1-D mesh vs the single-device reference.
-  const dist::GlooOptions mesh_opts = worker->GroupOptions();
-  ST_ASSIGN_OR_RETURN(dist::DeviceMesh mesh, dist::DeviceMesh::Create(worker->store(), rank, world,
+  const comm::GroupOptions mesh_opts = worker->GroupOptions();
+  ST_ASSIGN_OR_RETURN(comm::DeviceMesh mesh, comm::DeviceMesh::Create(worker->store(), rank, world,
                                                                       {world}, {"tp"}, mesh_opts));
   parallel::FfnParityOptions po;
   po.batch = a.batch_size;
@@ -92,7 +92,7 @@ Status RunWorker(const CollectivesArgs& a, const launch::ClusterEnv& env,
   // 3. all_reduce of [rank + 1] * 4.
   std::vector<float> t(4, static_cast<float>(rank + 1));
   ST_RETURN_IF_ERROR(
-      worker->world().AllReduce(t.data(), 4, DType::kF32, dist::ReduceOp::kSum, copts));
+      worker->world().AllReduce(t.data(), 4, DType::kF32, comm::ReduceOp::kSum, copts));
 
   RankResult mine;
   mine.rank = rank;
@@ -102,7 +102,7 @@ Status RunWorker(const CollectivesArgs& a, const launch::ClusterEnv& env,
   mine.sum.assign(t.begin(), t.end());
   if (rank == a.corrupt_rank) mine.sum[0] += 1;
   mine.max_abs_diff = diff;
-  const dist::StoreOptions so{copts.timeout};
+  const comm::StoreOptions so{copts.timeout};
   ST_RETURN_IF_ERROR(worker->store()->Set(StrCat("collectives/result/", rank), Encode(mine), so));
 
   Status verdict = Status::Ok();

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "dist/socket.h"
+#include "comm/store/socket.h"
 #include "launch/cluster_env.h"
 #include "launch/resources.h"
 #include "launch/supervisor.h"
@@ -49,6 +49,7 @@ void PrintDryRun(const launch::ClusterEnv& env, int nproc, int threads,
   j["tpu_name"] = env.tpu_name;
   j["tpu_topology"] = env.tpu_topology;
   j["collective_timeout_ms"] = env.collective_timeout_ms;
+  j["transport"] = env.transport;
   j["threads_per_worker"] = threads;
   j["cpus"] = launch::ReadCpuBudget().Describe();
   j["command"] = command;
@@ -79,7 +80,7 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   }
   std::string host_ip = env.host_ip;
   if (host_ip.empty()) {
-    ST_ASSIGN_OR_RETURN(host_ip, dist::LocalAddressFor(env.master_addr));
+    ST_ASSIGN_OR_RETURN(host_ip, comm::LocalAddressFor(env.master_addr));
   }
   launch::LocalPlan plan;
   plan.command = {launch::SelfExecutable()};
@@ -93,7 +94,7 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   plan.master_port = env.master_port;
   if (env.nnodes == 1 && !env.master_port_explicit) {
     // One host and no port asked for: take a free one, so that jobs on one machine never collide.
-    ST_ASSIGN_OR_RETURN(plan.master_port, dist::PickFreePort(env.master_addr));
+    ST_ASSIGN_OR_RETURN(plan.master_port, comm::PickFreePort(env.master_addr));
   }
   plan.secret = secret;
   plan.host_ip = host_ip;

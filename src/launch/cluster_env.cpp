@@ -5,6 +5,8 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "comm/group.h"
+
 extern char** environ;
 
 namespace st::launch {
@@ -102,6 +104,11 @@ StatusOr<ClusterEnv> DetectClusterEnv(const EnvMap& env, const LaunchFlags& flag
   if (const std::string* s = Find(env, "TORCH_TPU_TOPOLOGY")) c.tpu_topology = *s;
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_TIMEOUT_MS", &c.collective_timeout_ms));
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_RESTART_ATTEMPT", &c.restart_attempt));
+  if (const std::string* s = Find(env, "SLICETRAIN_TRANSPORT")) {
+    auto t = comm::ParseTransport(*s);
+    if (!t.ok()) return InvalidArgument("SLICETRAIN_TRANSPORT: " + t.status().message());
+    c.transport = comm::TransportName(*t);
+  }
   ST_RETURN_IF_ERROR(ReadInt(env, "OMP_NUM_THREADS", &c.threads));
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_THREADS", &c.threads));
 

@@ -50,6 +50,9 @@ struct ClusterEnv {
   std::string tpu_name;               // TPU_NAME
   std::string tpu_topology;           // TORCH_TPU_TOPOLOGY
   int collective_timeout_ms = 60000;  // SLICETRAIN_TIMEOUT_MS
+  // SLICETRAIN_TRANSPORT: how ranks talk (comm/group.h): auto (shared memory on a host, TCP
+  // across hosts), tcp, shm.
+  std::string transport = "auto";
   int restart_attempt = 0;  // SLICETRAIN_RESTART_ATTEMPT: 0 first start, n after n group failures
   // Compute threads per worker asked for: SLICETRAIN_THREADS (set by our spawners), else
   // OMP_NUM_THREADS (the user's, or an outside launcher's); 0 = derived from the usable CPUs.

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <map>
 
-#include "dist/socket.h"
+#include "comm/store/socket.h"
 
 extern char** environ;
 
@@ -20,7 +20,7 @@ namespace st::launch {
 
 namespace {
 
-using dist::Fd;
+using comm::Fd;
 using Clock = std::chrono::steady_clock;
 
 // Signal handlers can only reach the supervisor through a global; it holds the write end of the

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <thread>
 
-#include "dist/gloo_process_group.h"
-#include "dist/socket.h"
+#include "comm/group.h"
+#include "comm/store/socket.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "launch/resources.h"
 
@@ -23,7 +23,7 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   if (!env.host_ip.empty()) {
     w->host_ip_ = env.host_ip;
   } else {
-    ST_ASSIGN_OR_RETURN(w->host_ip_, dist::LocalAddressFor(env.master_addr));
+    ST_ASSIGN_OR_RETURN(w->host_ip_, comm::LocalAddressFor(env.master_addr));
   }
   const auto timeout = std::chrono::milliseconds(std::max(env.collective_timeout_ms, 1000));
   const std::string where = StrCat("rank ", env.rank, " (host ", w->host_ip_, ")");
@@ -34,7 +34,7 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
     // pairs listen too.
     const bool loopback = env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0 ||
                           env.master_addr == "::1";
-    auto server = dist::TcpStoreServer::Start(loopback ? env.master_addr : w->host_ip_,
+    auto server = comm::TcpStoreServer::Start(loopback ? env.master_addr : w->host_ip_,
                                               env.master_port, env.secret);
     if (!server.ok())
       return server.status().WithContext(where + ": cannot serve the rendezvous store (is " +
@@ -46,7 +46,7 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   // every rank has joined. Such a store is left alone until the new one is up (within `timeout`).
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto client =
-      dist::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {timeout});
+      comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {timeout});
   while (env.rank != 0 && client.ok()) {
     auto stale = (*client)->Check({"group/formed"}, {timeout});
     if (stale.ok() && !*stale) break;  // a fresh store (an error: the old one going away)
@@ -60,7 +60,7 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
     const auto left = std::max(std::chrono::milliseconds(1000),
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    deadline - std::chrono::steady_clock::now()));
-    client = dist::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {left});
+    client = comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {left});
   }
   // A rendezvous that fails (the store or a peer not there in time, or gone: a restarted group
   // whose other hosts have not restarted yet) is what a restart may cure: kUnavailable.
@@ -68,10 +68,10 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
     return Status(StatusCode::kUnavailable, s.WithContext(where).message());
   };
   if (!client.ok()) return unavailable(client.status());
-  w->store_ = std::shared_ptr<dist::Store>(std::move(*client));
-  dist::GlooOptions o = w->GroupOptions();
+  w->store_ = std::shared_ptr<comm::Store>(std::move(*client));
+  comm::GroupOptions o = w->GroupOptions();
   o.connect_timeout = timeout;
-  auto world = dist::CreateGlooProcessGroup(w->store_, env.rank, env.world_size, o);
+  auto world = comm::CreateProcessGroup(w->store_, env.rank, env.world_size, o);
   if (!world.ok()) return unavailable(world.status());
   w->world_ = std::move(*world);
   if (env.rank == 0) {
@@ -83,9 +83,9 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
 
 Status Worker::Shutdown() {
   if (!store_) return Status::Ok();
-  const dist::StoreOptions o{std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000))};
+  const comm::StoreOptions o{std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000))};
   world_.reset();
-  Status st = dist::StoreBarrier(*store_, "shutdown", env_.world_size, o);
+  Status st = comm::StoreBarrier(*store_, "shutdown", env_.world_size, o);
   if (st.ok()) {
     if (env_.rank == 0) {
       // Wait until every other rank has seen the barrier complete before the store goes away.
@@ -147,7 +147,7 @@ Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& comma
   plan.local_world_size = topo.devices_per_host();
   plan.nnodes = topo.hosts;
   plan.master_addr = "127.0.0.1";
-  ST_ASSIGN_OR_RETURN(plan.master_port, dist::PickFreePort("127.0.0.1"));
+  ST_ASSIGN_OR_RETURN(plan.master_port, comm::PickFreePort("127.0.0.1"));
   plan.secret = NewSecret();
   plan.host_ip = "127.0.0.1";
   plan.collective_timeout_ms = opts.collective_timeout_ms;
@@ -162,11 +162,12 @@ Status RunLocalSlice(const Topology& topo, const std::vector<std::string>& comma
   return Status::Ok();
 }
 
-dist::GlooOptions Worker::GroupOptions() const {
-  dist::GlooOptions o;
+comm::GroupOptions Worker::GroupOptions() const {
+  comm::GroupOptions o;
   o.hostname = host_ip_;
   o.connect_timeout = std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000));
   o.auth_key = env_.secret;
+  o.transport = *comm::ParseTransport(env_.transport);  // validated by DetectClusterEnv
   return o;
 }
 

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/gloo_process_group.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
-#include "dist/tcp_store.h"
+#include "comm/group.h"
+#include "comm/process_group.h"
+#include "comm/store/store.h"
+#include "comm/store/tcp_store.h"
 #include "launch/cluster_env.h"
 #include "launch/supervisor.h"
 #include "launch/topology.h"
@@ -30,14 +30,14 @@ class Worker {
   int local_rank() const { return env_.local_rank; }
   int local_world_size() const { return env_.local_world_size; }
   const std::string& host_ip() const { return host_ip_; }
-  dist::CollectiveOptions collective() const {
+  comm::CollectiveOptions collective() const {
     return {std::chrono::milliseconds(env_.collective_timeout_ms)};
   }
-  std::shared_ptr<dist::Store> store() { return store_; }
+  std::shared_ptr<comm::Store> store() { return store_; }
   // Options for a Gloo group of this job: this host's address, the collective timeout as the
   // connect timeout, and the job secret that every pair proves.
-  dist::GlooOptions GroupOptions() const;
-  dist::ProcessGroup& world() { return *world_; }
+  comm::GroupOptions GroupOptions() const;
+  comm::ProcessGroup& world() { return *world_; }
   const ClusterEnv& env() const { return env_; }
   // Final rendezvous: rank 0 keeps serving the store until every rank has left.
   Status Shutdown();
@@ -46,9 +46,9 @@ class Worker {
   Worker() = default;
   ClusterEnv env_;
   std::string host_ip_;
-  std::unique_ptr<dist::TcpStoreServer> server_;
-  std::shared_ptr<dist::Store> store_;
-  std::unique_ptr<dist::ProcessGroup> world_;
+  std::unique_ptr<comm::TcpStoreServer> server_;
+  std::shared_ptr<comm::Store> store_;
+  std::unique_ptr<comm::ProcessGroup> world_;
 };
 
 // What a spawner needs to start ranks [first_rank, first_rank + count) on this machine.

@@ -16,7 +16,7 @@ void SiluInPlace(float* x, int64_t n) {
 }
 }  // namespace
 
-StatusOr<double> FeedForwardTpParity(dist::ProcessGroup& tp_axis, const FfnParityOptions& o) {
+StatusOr<double> FeedForwardTpParity(comm::ProcessGroup& tp_axis, const FfnParityOptions& o) {
   const int64_t B = o.batch, d = o.hidden, F = 4 * o.hidden;
   if (B < 1 || d < 1) return InvalidArgument("batch size and hidden dim must be positive");
   // Same seed on every rank: nn.Linear's default init range U(-1/sqrt(in), 1/sqrt(in)), x ~ N(0,1).

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 namespace st::parallel {
 
@@ -13,10 +13,10 @@ struct FfnParityOptions {
   int64_t batch = 64;    // B
   int64_t hidden = 128;  // d; the MLP width is F = 4d
   uint64_t seed = 42;
-  dist::CollectiveOptions collective;
+  comm::CollectiveOptions collective;
 };
 
 // Returns max |tp - reference| over [B, d]; every rank of `tp_axis` calls it.
-StatusOr<double> FeedForwardTpParity(dist::ProcessGroup& tp_axis, const FfnParityOptions& opts);
+StatusOr<double> FeedForwardTpParity(comm::ProcessGroup& tp_axis, const FfnParityOptions& opts);
 
 }  // namespace st::parallel

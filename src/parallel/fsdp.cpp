@@ -15,7 +15,7 @@ std::vector<bool> Not(const std::vector<bool>& v) {
 }
 }  // namespace
 
-FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::ProcessGroup& pg,
+FsdpModel::FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, comm::ProcessGroup& pg,
                      std::vector<bool> trainable, const WeightSource& weights,
                      const FsdpOptions& options)
     : cfg_(cfg),
@@ -248,7 +248,7 @@ void FsdpModel::AfterBackward(int64_t layer, Part part) {
   if (!sync_) return;  // kept for the window's last micro-batch
   slot.reduce = comm_.Submit([this, &u, &slot] {
     ST_RETURN_IF_ERROR(pg_.ReduceScatter(slot.grads.data(), slot.reduced.data(), u.shard,
-                                         DType::kF32, dist::ReduceOp::kAvg, options_.collective));
+                                         DType::kF32, comm::ReduceOp::kAvg, options_.collective));
     float* g = grad_.data() + u.shard_offset;
     for (int64_t j = 0; j < u.shard; ++j) g[j] += slot.reduced[j];
     return Status::Ok();
@@ -289,7 +289,7 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   std::future<Status> counted;
   if (micro.global_targets < 0)
     counted = comm_.Submit([this, &count] {
-      return pg_.AllReduce(&count, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+      return pg_.AllReduce(&count, 1, DType::kF32, comm::ReduceOp::kSum, options_.collective);
     });
   // Root parameters for the whole step, then the first unit on its way.
   const Unit& root = units_[0];
@@ -317,7 +317,7 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   if (status_.ok() && root.total > 0 && sync_) {
     Status s = Get(comm_.Submit([this, &root] {
       ST_RETURN_IF_ERROR(pg_.ReduceScatter(root_.grads.data(), root_.reduced.data(), root.shard,
-                                           DType::kF32, dist::ReduceOp::kAvg, options_.collective));
+                                           DType::kF32, comm::ReduceOp::kAvg, options_.collective));
       float* g = grad_.data() + root.shard_offset;
       for (int64_t j = 0; j < root.shard; ++j) g[j] += root_.reduced[j];
       return Status::Ok();
@@ -329,7 +329,7 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   float loss_sum = static_cast<float>(r.loss_sum);
   if (status_.ok())
     Record(Get(comm_.Submit([this, &loss_sum] {
-      return pg_.AllReduce(&loss_sum, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+      return pg_.AllReduce(&loss_sum, 1, DType::kF32, comm::ReduceOp::kSum, options_.collective);
     })));
   if (!status_.ok()) return status_;
   r.loss_sum = loss_sum;
@@ -352,7 +352,7 @@ StatusOr<ForwardResult> FsdpModel::Forward(Gemma4Engine& engine, const Batch& ba
   if (!status_.ok()) return status_;
   sums[0] = static_cast<float>(r.loss_sum);
   Record(Get(comm_.Submit([this, &sums] {
-    return pg_.AllReduce(sums, 2, DType::kF32, dist::ReduceOp::kSum, options_.collective);
+    return pg_.AllReduce(sums, 2, DType::kF32, comm::ReduceOp::kSum, options_.collective);
   })));
   if (!status_.ok()) return status_;
   r.loss_sum = sums[0];
@@ -370,7 +370,7 @@ StatusOr<double> FsdpModel::ClipGradNorm(double max_norm) {
   double total = sq;
   if (pg_.size() > 1) {
     ST_RETURN_IF_ERROR(
-        pg_.AllReduce(&sq, 1, DType::kF32, dist::ReduceOp::kSum, options_.collective));
+        pg_.AllReduce(&sq, 1, DType::kF32, comm::ReduceOp::kSum, options_.collective));
     total = sq;
   }
   const double norm = std::sqrt(total);

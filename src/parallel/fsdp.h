@@ -32,7 +32,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "model/weights.h"
@@ -46,14 +46,14 @@ struct FsdpOptions {
   FsdpUnitMode units = FsdpUnitMode::kMlp;
   DType param_dtype = DType::kBF16;  // the all-gather dtype (kF32 or kBF16)
   bool prefetch = true;
-  dist::CollectiveOptions collective;
+  comm::CollectiveOptions collective;
 };
 
 class FsdpModel : public ParamHooks {
  public:
   // trainable: per registry entry (false = frozen or buffer: served by FrozenWeights, no
   // gradient). `weights` (the initial values) must outlive the model; call Load to read the shards.
-  FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, dist::ProcessGroup& pg,
+  FsdpModel(const Gemma4Config& cfg, const ParamRegistry& reg, comm::ProcessGroup& pg,
             std::vector<bool> trainable, const WeightSource& weights, const FsdpOptions& options);
   ~FsdpModel() override;
   FsdpModel(const FsdpModel&) = delete;
@@ -156,7 +156,7 @@ class FsdpModel : public ParamHooks {
 
   const Gemma4Config& cfg_;
   const ParamRegistry& reg_;
-  dist::ProcessGroup& pg_;
+  comm::ProcessGroup& pg_;
   std::vector<bool> trainable_;
   FsdpOptions options_;
   std::vector<Unit> units_;  // [0] root, [l + 1] layer l's MLP or layer
@@ -175,7 +175,7 @@ class FsdpModel : public ParamHooks {
   // gradient and clears it (sync, before the reduce-scatter).
   void Accumulate(int unit, float* grads, int64_t n);
   ParamTable table_;
-  dist::CommThread comm_;
+  comm::CommThread comm_;
   Status status_;  // first collective failure of the current step
   double comm_wait_s_ = 0;
 };

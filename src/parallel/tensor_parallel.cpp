@@ -7,8 +7,8 @@
 namespace st::parallel {
 
 ColwiseLinear::ColwiseLinear(const float* w, int64_t out, int64_t in,
-                             const dist::ProcessGroup& axis)
-    : in_(in), rows_(dist::ShardRange(out, axis.size(), axis.rank())) {
+                             const comm::ProcessGroup& axis)
+    : in_(in), rows_(comm::ShardRange(out, axis.size(), axis.rank())) {
   w_.assign(w + rows_.begin * in, w + (rows_.begin + rows_.length) * in);
 }
 
@@ -18,22 +18,22 @@ Status ColwiseLinear::Forward(const float* x, int64_t N, float* y) const {
 }
 
 RowwiseLinear::RowwiseLinear(const float* w, int64_t out, int64_t in,
-                             const dist::ProcessGroup& axis)
-    : out_(out), cols_(dist::ShardRange(in, axis.size(), axis.rank())) {
+                             const comm::ProcessGroup& axis)
+    : out_(out), cols_(comm::ShardRange(in, axis.size(), axis.rank())) {
   w_.resize(static_cast<size_t>(out * cols_.length));
   for (int64_t o = 0; o < out; ++o)
     std::copy(w + o * in + cols_.begin, w + o * in + cols_.begin + cols_.length,
               w_.begin() + o * cols_.length);
 }
 
-Status RowwiseLinear::Forward(const float* x, int64_t N, float* y, dist::ProcessGroup& axis,
-                              const dist::CollectiveOptions& opts) const {
+Status RowwiseLinear::Forward(const float* x, int64_t N, float* y, comm::ProcessGroup& axis,
+                              const comm::CollectiveOptions& opts) const {
   // Partial(sum) output on every rank, then Partial -> Replicate.
   if (cols_.length > 0)
     cpu::LinearForward(x, w_.data(), y, N, cols_.length, out_, 1.0f, false);
   else
     std::fill(y, y + N * out_, 0.f);
-  return axis.AllReduce(y, N * out_, DType::kF32, dist::ReduceOp::kSum, opts);
+  return axis.AllReduce(y, N * out_, DType::kF32, comm::ReduceOp::kSum, opts);
 }
 
 }  // namespace st::parallel

@@ -9,15 +9,15 @@
 
 #include <vector>
 
-#include "dist/placement.h"
-#include "dist/process_group.h"
+#include "comm/placement.h"
+#include "comm/process_group.h"
 
 namespace st::parallel {
 
 class ColwiseLinear {
  public:
   // Keeps this rank's rows of the full weight w [out, in].
-  ColwiseLinear(const float* w, int64_t out, int64_t in, const dist::ProcessGroup& axis);
+  ColwiseLinear(const float* w, int64_t out, int64_t in, const comm::ProcessGroup& axis);
   int64_t out_local() const { return rows_.length; }
   int64_t out_begin() const { return rows_.begin; }
   // x [N, in] replicated -> y [N, out_local] (this rank's columns of the output).
@@ -26,22 +26,22 @@ class ColwiseLinear {
 
  private:
   int64_t in_ = 0;
-  dist::Range rows_;
+  comm::Range rows_;
   std::vector<float> w_;
 };
 
 class RowwiseLinear {
  public:
   // Keeps this rank's columns of the full weight w [out, in].
-  RowwiseLinear(const float* w, int64_t out, int64_t in, const dist::ProcessGroup& axis);
+  RowwiseLinear(const float* w, int64_t out, int64_t in, const comm::ProcessGroup& axis);
   int64_t in_local() const { return cols_.length; }
   // x [N, in_local] sharded on the last dim -> y [N, out] replicated (one all_reduce over `axis`).
-  Status Forward(const float* x, int64_t N, float* y, dist::ProcessGroup& axis,
-                 const dist::CollectiveOptions& opts = {}) const;
+  Status Forward(const float* x, int64_t N, float* y, comm::ProcessGroup& axis,
+                 const comm::CollectiveOptions& opts = {}) const;
 
  private:
   int64_t out_ = 0;
-  dist::Range cols_;
+  comm::Range cols_;
   std::vector<float> w_;  // [out, in_local]
 };
 

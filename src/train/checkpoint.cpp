@@ -69,7 +69,7 @@ Status WriteCheckpointShard(const std::string& pending, FsdpModel& fsdp, int ran
 }
 
 Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
-                    dist::ProcessGroup& pg, const dist::CollectiveOptions& collective,
+                    comm::ProcessGroup& pg, const comm::CollectiveOptions& collective,
                     const HfExportOptions& options) {
   (void)collective;
   const ParamRegistry& reg = model.registry;
@@ -105,7 +105,7 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
 }
 
 Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
-                        dist::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype) {
+                        comm::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype) {
   const ParamRegistry& reg = model.registry;
   const bool writer = pg.rank() == 0;
   const std::string prefix = TextPrefixFor(model.config);

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "io/files.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
@@ -50,7 +50,7 @@ struct HfExportOptions {
 // on every rank); a frozen one is copied by rank 0 from the source as stored, or converted in
 // chunks (a preset). Rank 0's extra memory is one tensor, never the model.
 Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
-                    dist::ProcessGroup& pg, const dist::CollectiveOptions& collective,
+                    comm::ProcessGroup& pg, const comm::CollectiveOptions& collective,
                     const HfExportOptions& options);
 
 // Every rank, once rank 0 has created `pending`: a LoRA run's PEFT adapter directory written by
@@ -58,7 +58,7 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
 // adapters, under PEFT's names in `dtype`), each assembled from every rank's piece as in
 // WriteHfModel (one all-gather per adapter tensor, in registry order on every rank).
 Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
-                        dist::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype);
+                        comm::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype);
 
 // What rank 0 adds to the ranks' shards and the model.
 struct CheckpointContent {

@@ -36,7 +36,7 @@ double Score(const nlohmann::json& state, const std::string& attribute) {
 }  // namespace
 
 Checkpointer::Checkpointer(CheckpointerOptions options, const LoadedModel& model, FsdpModel& fsdp,
-                           dist::ProcessGroup& pg, const dist::CollectiveOptions& collective)
+                           comm::ProcessGroup& pg, const comm::CollectiveOptions& collective)
     : options_(std::move(options)), model_(model), fsdp_(fsdp), pg_(pg), collective_(collective) {}
 
 StatusOr<TrainState> Checkpointer::Resume(bool required) {
@@ -48,7 +48,7 @@ StatusOr<TrainState> Checkpointer::Resume(bool required) {
   for (const CheckpointEntry& point : candidates) {
     Status s = LoadCheckpointShard(point.dir, fsdp_, rank, world);
     float ok = s.ok() ? 1.0f : 0.0f;
-    ST_RETURN_IF_ERROR(pg_.AllReduce(&ok, 1, DType::kF32, dist::ReduceOp::kMin, collective_));
+    ST_RETURN_IF_ERROR(pg_.AllReduce(&ok, 1, DType::kF32, comm::ReduceOp::kMin, collective_));
     if (!s.ok())
       std::fprintf(stderr, "rank %d: checkpoint %s is damaged or incomplete, skipping it: %s\n",
                    rank, point.dir.c_str(), s.message().c_str());

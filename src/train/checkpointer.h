@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
 #include "parallel/fsdp.h"
@@ -45,7 +45,7 @@ class Checkpointer {
  public:
   // `model` (its config and registry) and `fsdp` must outlive the checkpointer.
   Checkpointer(CheckpointerOptions options, const LoadedModel& model, FsdpModel& fsdp,
-               dist::ProcessGroup& pg, const dist::CollectiveOptions& collective);
+               comm::ProcessGroup& pg, const comm::CollectiveOptions& collective);
 
   // Every rank: the state of the newest checkpoint of the run that every rank could load its shard
   // of (one all-reduce(min) per candidate tried), with the FSDP shards loaded from it. None usable:
@@ -81,8 +81,8 @@ class Checkpointer {
   CheckpointerOptions options_;
   const LoadedModel& model_;
   FsdpModel& fsdp_;
-  dist::ProcessGroup& pg_;
-  dist::CollectiveOptions collective_;
+  comm::ProcessGroup& pg_;
+  comm::CollectiveOptions collective_;
   std::vector<Kept> kept_;  // rank 0's view of the run's checkpoints
   std::string last_saved_;
 };

@@ -52,8 +52,8 @@ WorkerSample WorkerSample::Unpack(const float* f) {
   return s;
 }
 
-StatusOr<std::vector<WorkerInfo>> GatherWorkerInfo(dist::ProcessGroup& pg,
-                                                   const dist::CollectiveOptions& opts) {
+StatusOr<std::vector<WorkerInfo>> GatherWorkerInfo(comm::ProcessGroup& pg,
+                                                   const comm::CollectiveOptions& opts) {
   // [pid, threads, hostname chars, address chars]: pids stay below 2^22 (pid_max), exact as
   // floats.
   constexpr int kN = 2 + kHostChars + kAddrChars;
@@ -77,8 +77,8 @@ StatusOr<std::vector<WorkerInfo>> GatherWorkerInfo(dist::ProcessGroup& pg,
   return out;
 }
 
-StatusOr<std::vector<WorkerSample>> GatherSamples(dist::ProcessGroup& pg, const WorkerSample& mine,
-                                                  const dist::CollectiveOptions& opts) {
+StatusOr<std::vector<WorkerSample>> GatherSamples(comm::ProcessGroup& pg, const WorkerSample& mine,
+                                                  const comm::CollectiveOptions& opts) {
   const auto packed = mine.Pack();
   std::vector<float> all(static_cast<size_t>(WorkerSample::kFloats) * pg.size());
   ST_RETURN_IF_ERROR(

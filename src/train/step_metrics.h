@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 namespace st {
 
@@ -34,7 +34,7 @@ struct WorkerSample {
   float grad_sq = 0;       // sum of squares of the rank's gradient shard (before clipping)
   float rss_mib = 0;       // VmRSS after the step
   float peak_rss_mib = 0;  // VmHWM: the process's peak so far
-  float comm_mib = 0;      // collective buffer MiB this step (dist::CollectiveTotals)
+  float comm_mib = 0;      // collective buffer MiB this step (comm::CollectiveTotals)
   float comm_s = 0;        // seconds inside collectives this step (comm thread included)
   float tokens = 0;        // positions the rank computed: its batch's B x T, padding included
   static constexpr int kFloats = 11;
@@ -120,10 +120,10 @@ class TrainingObserver {
 
 // Every rank calls these at the same point (one all_gather each); the result is [world] on
 // every rank.
-StatusOr<std::vector<WorkerInfo>> GatherWorkerInfo(dist::ProcessGroup& pg,
-                                                   const dist::CollectiveOptions& opts);
-StatusOr<std::vector<WorkerSample>> GatherSamples(dist::ProcessGroup& pg, const WorkerSample& mine,
-                                                  const dist::CollectiveOptions& opts);
+StatusOr<std::vector<WorkerInfo>> GatherWorkerInfo(comm::ProcessGroup& pg,
+                                                   const comm::CollectiveOptions& opts);
+StatusOr<std::vector<WorkerSample>> GatherSamples(comm::ProcessGroup& pg, const WorkerSample& mine,
+                                                  const comm::CollectiveOptions& opts);
 
 // This process's resident and peak resident memory in MiB (/proc/self/status VmRSS, VmHWM;
 // getrusage's ru_maxrss when /proc is missing).

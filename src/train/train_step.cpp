@@ -13,7 +13,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   // FsdpModel without changing what is computed or the order of collectives.
   using Clock = std::chrono::steady_clock;
   const auto s0 = Clock::now();
-  const dist::CollectiveTotals c0 = p.pg.totals();
+  const comm::CollectiveTotals c0 = p.pg.totals();
   const double wait0 = p.fsdp.CommWaitSeconds();
   ST_CHECK(!micro.empty());
   const size_t K = micro.size();
@@ -34,7 +34,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   float window_targets = static_cast<float>(local_targets);
   if (K > 1)
     ST_RETURN_IF_ERROR(
-        p.pg.AllReduce(&window_targets, 1, DType::kF32, dist::ReduceOp::kSum, p.collective));
+        p.pg.AllReduce(&window_targets, 1, DType::kF32, comm::ReduceOp::kSum, p.collective));
   ForwardResult r;
   for (size_t k = 0; k < K; ++k) {
     const TokenBatch& tb = tbs[k];
@@ -70,7 +70,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   state.epoch_loss_sum += out.loss;
   ++state.step_in_epoch;
   const auto s2 = Clock::now();
-  const dist::CollectiveTotals c1 = p.pg.totals();
+  const comm::CollectiveTotals c1 = p.pg.totals();
   const ProcessMemory mem = ReadProcessMemory();
   mine.step_s = static_cast<float>(std::chrono::duration<double>(s2 - s0).count());
   mine.data_s = static_cast<float>(std::chrono::duration<double>(s1 - s0).count());

@@ -10,7 +10,7 @@
 
 #include "core/status.h"
 #include "data/batching.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
@@ -35,8 +35,8 @@ struct StepParts {
   FsdpModel& fsdp;
   const AdamWConfig& adam;
   double max_grad_norm;  // 0 = no clipping
-  dist::ProcessGroup& pg;
-  dist::CollectiveOptions collective;
+  comm::ProcessGroup& pg;
+  comm::CollectiveOptions collective;
   uint64_t seed = 0;  // the run's: with the step and the rank, the LoRA dropout masks' seed
 };
 

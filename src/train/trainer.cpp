@@ -304,7 +304,7 @@ EngineOptions EngineOptionsOf(const FinetuneOptions& o, const LoadedModel& m) {
   return e;
 }
 
-FsdpOptions FsdpOptionsOf(const FinetuneOptions& o, const dist::CollectiveOptions& collective) {
+FsdpOptions FsdpOptionsOf(const FinetuneOptions& o, const comm::CollectiveOptions& collective) {
   FsdpOptions fo;
   fo.units = o.fsdp_units == "layer" ? FsdpUnitMode::kLayer : FsdpUnitMode::kMlp;
   fo.collective = collective;
@@ -353,8 +353,8 @@ AdamWConfig AdamWOf(const FinetuneOptions& o, bool from_dir) {
 // called from here, not a branch in the loop.
 class Trainer {
  public:
-  static StatusOr<std::unique_ptr<Trainer>> Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                                                   const dist::CollectiveOptions& collective,
+  static StatusOr<std::unique_ptr<Trainer>> Create(const FinetuneOptions& o, comm::ProcessGroup& pg,
+                                                   const comm::CollectiveOptions& collective,
                                                    TrainingObserver* observer);
   // Where training starts: a checkpoint's state (--resume, or a restart's resume_if_any), else
   // the beginning; announced to the reporter (and so to the observer).
@@ -367,8 +367,8 @@ class Trainer {
   Status Finish();
 
  private:
-  Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
-          const dist::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
+  Trainer(const FinetuneOptions& o, comm::ProcessGroup& pg,
+          const comm::CollectiveOptions& collective, TrainingObserver* observer, RunInputs in);
   Status EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_tokens, int64_t tokens);
   // The held-out loss (every rank takes part), reported; updates the early-stopping count in
   // state (kept in checkpoints, so a resume or restart continues it).
@@ -392,8 +392,8 @@ class Trainer {
   CheckpointerOptions CheckpointerOptionsOf() const;
 
   const FinetuneOptions& o_;
-  dist::ProcessGroup& pg_;
-  const dist::CollectiveOptions collective_;
+  comm::ProcessGroup& pg_;
+  const comm::CollectiveOptions collective_;
   const int rank_, world_;
   RunInputs in_;
   Gemma4Engine engine_;
@@ -407,8 +407,8 @@ class Trainer {
   std::optional<Checkpointer> checkpointer_;  // once the run directory exists
 };
 
-Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                 const dist::CollectiveOptions& collective, TrainingObserver* observer,
+Trainer::Trainer(const FinetuneOptions& o, comm::ProcessGroup& pg,
+                 const comm::CollectiveOptions& collective, TrainingObserver* observer,
                  RunInputs in)
     : o_(o),
       pg_(pg),
@@ -426,8 +426,8 @@ Trainer::Trainer(const FinetuneOptions& o, dist::ProcessGroup& pg,
   fsdp_.Load();  // this rank's ranges of each tensor, straight into its shards
 }
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                                                   const dist::CollectiveOptions& collective,
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, comm::ProcessGroup& pg,
+                                                   const comm::CollectiveOptions& collective,
                                                    TrainingObserver* observer) {
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
   ST_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o, pg.size(), pg.rank()));
@@ -574,7 +574,7 @@ Status Trainer::RunEpoch(TrainState& state) {
 Status Trainer::EndEpoch(TrainState& state, Clock::time_point t0, int64_t real_tokens,
                          int64_t tokens) {
   float counts[2] = {static_cast<float>(real_tokens), static_cast<float>(tokens)};
-  ST_RETURN_IF_ERROR(pg_.AllReduce(counts, 2, DType::kF32, dist::ReduceOp::kSum, collective_));
+  ST_RETURN_IF_ERROR(pg_.AllReduce(counts, 2, DType::kF32, comm::ReduceOp::kSum, collective_));
   EpochMetrics em;
   em.epoch_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   em.epoch = state.epoch + 1;
@@ -688,7 +688,7 @@ Status Trainer::Finish() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   float rss_mib = static_cast<float>(ru.ru_maxrss) / 1024.0f;
-  ST_RETURN_IF_ERROR(pg_.AllReduce(&rss_mib, 1, DType::kF32, dist::ReduceOp::kMax, collective_));
+  ST_RETURN_IF_ERROR(pg_.AllReduce(&rss_mib, 1, DType::kF32, comm::ReduceOp::kMax, collective_));
   reporter_.Finish({fsdp_.ShardedStateBytes(), fsdp_.FrozenBytes(), engine_.ActivationBytes(),
                     rss_mib, ActivationCheckpointingName(engine_.options().checkpointing)},
                    checkpointer_->BestPath());
@@ -698,8 +698,8 @@ Status Trainer::Finish() {
 }  // namespace
 
 // Set-up, resume, the epochs, the report; each a component above (see Trainer).
-Status RunFinetune(const FinetuneOptions& o, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective, TrainingObserver* observer) {
+Status RunFinetune(const FinetuneOptions& o, comm::ProcessGroup& pg,
+                   const comm::CollectiveOptions& collective, TrainingObserver* observer) {
   ST_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                       Trainer::Create(o, pg, collective, observer));
   ST_ASSIGN_OR_RETURN(TrainState state, trainer->Start());

@@ -23,7 +23,7 @@
 #include "data/collate.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "io/peft_adapter.h"
 #include "model/config.h"
 #include "train/step_metrics.h"
@@ -160,8 +160,8 @@ Status ValidateFinetuneOptions(const FinetuneOptions& options);
 // Runs the job as `rank` of `pg` (every rank calls it with the same options). Every rank gathers
 // its step metrics to all (one small all_gather per step); `observer` (rank 0's, may be null)
 // gets the run, each step and each epoch.
-Status RunFinetune(const FinetuneOptions& options, dist::ProcessGroup& pg,
-                   const dist::CollectiveOptions& collective, TrainingObserver* observer = nullptr);
+Status RunFinetune(const FinetuneOptions& options, comm::ProcessGroup& pg,
+                   const comm::CollectiveOptions& collective, TrainingObserver* observer = nullptr);
 
 // The options as JSON (the run's flags on the dashboard and in run.json).
 nlohmann::json FinetuneOptionsJson(const FinetuneOptions& options);

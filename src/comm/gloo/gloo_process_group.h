@@ -13,23 +13,15 @@
 #include <memory>
 #include <string>
 
-#include "dist/process_group.h"
-#include "dist/store.h"
+#include "comm/group.h"
+#include "comm/process_group.h"
+#include "comm/store/store.h"
 
-namespace st::dist {
-
-struct GlooOptions {
-  std::string name = "world";          // groups on one store need distinct names
-  std::string hostname = "127.0.0.1";  // address peers use to reach this rank
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-  // The key every pair proves it holds (the job's SLICETRAIN_SECRET). Groups of one process (the
-  // tests' in-memory stores) may leave it empty: the handshake still runs, but proves nothing.
-  std::string auth_key;
-};
+namespace st::comm {
 
 // Rendezvous of `size` ranks through `store` (keys under "pg/<name>/"); every rank calls it.
 StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(std::shared_ptr<Store> store,
                                                                int rank, int size,
-                                                               const GlooOptions& opts);
+                                                               const GroupOptions& opts);
 
-}  // namespace st::dist
+}  // namespace st::comm

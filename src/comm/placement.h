@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "core/tensor.h"
-#include "dist/process_group.h"
 
-namespace st::dist {
+namespace st::comm {
 
 struct Placement {
   enum class Kind { kShard, kReplicate, kPartial };
@@ -50,4 +50,4 @@ DTensor DistributeTensor(const float* full, const Shape& shape, Placement placem
 StatusOr<DTensor> Redistribute(const DTensor& t, Placement to, ProcessGroup& pg,
                                const CollectiveOptions& opts = {});
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -1,4 +1,4 @@
-#include "dist/socket.h"
+#include "comm/store/socket.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-namespace st::dist {
+namespace st::comm {
 
 namespace {
 
@@ -171,4 +171,4 @@ StatusOr<int> PickFreePort(const std::string& host) {
   return port;
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -9,7 +9,7 @@
 #include "core/fd.h"
 #include "core/status.h"
 
-namespace st::dist {
+namespace st::comm {
 
 using Clock = std::chrono::steady_clock;
 
@@ -32,4 +32,4 @@ StatusOr<std::string> LocalAddressFor(const std::string& peer);
 // A currently free TCP port on `host` (best effort: another process may take it afterwards).
 StatusOr<int> PickFreePort(const std::string& host);
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -1,4 +1,4 @@
-#include "dist/gloo_process_group.h"
+#include "comm/gloo/gloo_process_group.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -19,7 +19,7 @@
 #include <cstring>
 #include <vector>
 
-namespace st::dist {
+namespace st::comm {
 
 namespace {
 
@@ -136,7 +136,7 @@ void AuthenticatePairs(gloo::Context& ctx, const std::string& key, const std::st
 // Gloo's Store interface on top of ours (Gloo reports failures by exceptions).
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
  public:
-  GlooStoreAdapter(std::shared_ptr<st::dist::Store> store, std::chrono::milliseconds timeout)
+  GlooStoreAdapter(std::shared_ptr<st::comm::Store> store, std::chrono::milliseconds timeout)
       : store_(std::move(store)), timeout_(timeout) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     Check(store_->Set(key, std::string(data.begin(), data.end()), {timeout_}));
@@ -155,7 +155,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   static void Check(const Status& st) {
     if (!st.ok()) throw gloo::IoException(st.message());
   }
-  std::shared_ptr<st::dist::Store> store_;
+  std::shared_ptr<st::comm::Store> store_;
   std::chrono::milliseconds timeout_;
 };
 
@@ -182,7 +182,7 @@ void ReduceInto(ReduceOp op, float* out, const float* a, const float* b, size_t 
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
-  GlooProcessGroup(int rank, int size, const GlooOptions& opts, std::shared_ptr<Store> store,
+  GlooProcessGroup(int rank, int size, const GroupOptions& opts, std::shared_ptr<Store> store,
                    std::shared_ptr<gloo::Context> ctx)
       : ProcessGroup(rank, size, opts.name, opts.hostname),
         store_(std::move(store)),
@@ -397,7 +397,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
 StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(std::shared_ptr<Store> store,
                                                                int rank, int size,
-                                                               const GlooOptions& opts) {
+                                                               const GroupOptions& opts) {
   if (size < 1 || rank < 0 || rank >= size)
     return InvalidArgument(StrCat("rank ", rank, " is outside a group of ", size));
   auto scoped = std::make_shared<PrefixStore>("pg/" + opts.name, store);
@@ -418,4 +418,4 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooProcessGroup(std::shared_ptr<S
   }
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -1,8 +1,8 @@
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 #include <cstdio>
 
-namespace st::dist {
+namespace st::comm {
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
@@ -179,4 +179,4 @@ void CommThread::Loop() {
   }
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -1,9 +1,9 @@
-#include "dist/placement.h"
+#include "comm/placement.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace st::dist {
+namespace st::comm {
 
 std::string PlacementName(const Placement& p) {
   switch (p.kind) {
@@ -144,4 +144,4 @@ StatusOr<DTensor> Redistribute(const DTensor& t, Placement to, ProcessGroup& pg,
   return out;
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -1,4 +1,4 @@
-#include "dist/tcp_store.h"
+#include "comm/store/tcp_store.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace st::dist {
+namespace st::comm {
 
 namespace {
 
@@ -341,4 +341,4 @@ StatusOr<bool> TcpStoreClient::Check(const std::vector<std::string>& keys,
   return !reply.empty() && reply[0] == 1;
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

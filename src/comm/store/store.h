@@ -15,7 +15,7 @@
 
 #include "core/status.h"
 
-namespace st::dist {
+namespace st::comm {
 
 struct StoreOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
@@ -103,4 +103,4 @@ class PrefixStore final : public Store {
 Status StoreBarrier(Store& store, const std::string& name, int world,
                     const StoreOptions& opts = {});
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -8,18 +8,18 @@
 #include <string>
 #include <vector>
 
-#include "dist/gloo_process_group.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
+#include "comm/group.h"
+#include "comm/process_group.h"
+#include "comm/store/store.h"
 
-namespace st::dist {
+namespace st::comm {
 
 class DeviceMesh {
  public:
   // Every rank of the world calls this with the same shape and names; product(shape) == world.
   static StatusOr<DeviceMesh> Create(std::shared_ptr<Store> store, int rank, int world,
                                      std::vector<int> shape, std::vector<std::string> names,
-                                     const GlooOptions& base);
+                                     const GroupOptions& base);
   DeviceMesh(DeviceMesh&&) = default;
   DeviceMesh& operator=(DeviceMesh&&) = default;
 
@@ -40,4 +40,4 @@ class DeviceMesh {
   std::vector<std::unique_ptr<ProcessGroup>> groups_;
 };
 
-}  // namespace st::dist
+}  // namespace st::comm

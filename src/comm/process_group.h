@@ -21,7 +21,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 
-namespace st::dist {
+namespace st::comm {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 const char* ReduceOpName(ReduceOp op);
@@ -137,4 +137,4 @@ class CommThread {
   std::thread thread_;
 };
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -1,6 +1,6 @@
-#include "dist/device_mesh.h"
+#include "comm/device_mesh.h"
 
-namespace st::dist {
+namespace st::comm {
 
 int DeviceMesh::axis(const std::string& n) const {
   for (int i = 0; i < ndim(); ++i)
@@ -10,7 +10,7 @@ int DeviceMesh::axis(const std::string& n) const {
 
 StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<Store> store, int rank, int world,
                                         std::vector<int> shape, std::vector<std::string> names,
-                                        const GlooOptions& base) {
+                                        const GroupOptions& base) {
   if (shape.empty() || shape.size() > 2 || names.size() != shape.size())
     return InvalidArgument("a device mesh has 1 or 2 axes, each with a name");
   int64_t prod = 1;
@@ -35,12 +35,12 @@ StatusOr<DeviceMesh> DeviceMesh::Create(std::shared_ptr<Store> store, int rank, 
     int other = 0;
     for (int b = 0; b < m.ndim(); ++b)
       if (b != a) other = other * shape[b] + m.coords_[b];
-    GlooOptions o = base;
+    GroupOptions o = base;
     o.name = StrCat("mesh/", tag, "/", names[a], "/", other);
-    ST_ASSIGN_OR_RETURN(auto pg, CreateGlooProcessGroup(store, m.coords_[a], shape[a], o));
+    ST_ASSIGN_OR_RETURN(auto pg, CreateProcessGroup(store, m.coords_[a], shape[a], o));
     m.groups_.push_back(std::move(pg));
   }
   return m;
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

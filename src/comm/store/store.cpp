@@ -1,8 +1,8 @@
-#include "dist/store.h"
+#include "comm/store/store.h"
 
 #include <cstdlib>
 
-namespace st::dist {
+namespace st::comm {
 
 void KvTable::Set(const std::string& key, const std::string& value) {
   {
@@ -145,4 +145,4 @@ Status StoreBarrier(Store& store, const std::string& name, int world, const Stor
       .WithContext(StrCat("barrier '", name, "' (", world, " participants)"));
 }
 
-}  // namespace st::dist
+}  // namespace st::comm

@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "dist/socket.h"
-#include "dist/store.h"
+#include "comm/store/socket.h"
+#include "comm/store/store.h"
 
-namespace st::dist {
+namespace st::comm {
 
 // One client request as the server sees it, decoded from a frame's payload (the bytes after the
 // 4-byte length; layout in docs/runtime.md). Decoding is a pure function so that it can be tested
@@ -91,4 +91,4 @@ class TcpStoreClient final : public Store {
   std::string where_;
 };
 
-}  // namespace st::dist
+}  // namespace st::comm

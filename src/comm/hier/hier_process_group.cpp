@@ -1,0 +1,183 @@
+#include "comm/hier/hier_process_group.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "comm/gloo/gloo_process_group.h"
+#include "comm/shm/shm_process_group.h"
+
+namespace st::comm::hier {
+
+namespace {
+
+// Where every rank of the group sits: host index h (order of first appearance) and local index i
+// (rank order within the host); rank_at[h][i] inverts it.
+struct Layout {
+  std::vector<int> host_of, local_of;
+  std::vector<std::vector<int>> rank_at;
+  int hosts() const { return static_cast<int>(rank_at.size()); }
+  int per_host() const { return static_cast<int>(rank_at[0].size()); }
+};
+
+Layout MakeLayout(const std::vector<std::string>& hosts) {
+  Layout l;
+  std::map<std::string, int> index;
+  for (size_t p = 0; p < hosts.size(); ++p) {
+    auto [it, fresh] = index.emplace(hosts[p], static_cast<int>(l.rank_at.size()));
+    if (fresh) l.rank_at.emplace_back();
+    l.host_of.push_back(it->second);
+    l.local_of.push_back(static_cast<int>(l.rank_at[it->second].size()));
+    l.rank_at[it->second].push_back(static_cast<int>(p));
+  }
+  return l;
+}
+
+class HierProcessGroup final : public ProcessGroup {
+ public:
+  HierProcessGroup(int rank, int size, const GroupOptions& opts, Layout layout,
+                   std::unique_ptr<ProcessGroup> local, std::unique_ptr<ProcessGroup> cross)
+      : ProcessGroup(rank, size, opts.name, opts.hostname),
+        l_(std::move(layout)),
+        local_(std::move(local)),
+        cross_(std::move(cross)) {}
+
+ protected:
+  Status DoAllReduce(void* buf, int64_t count, DType dtype, ReduceOp op, uint64_t,
+                     std::chrono::milliseconds timeout) override {
+    const CollectiveOptions o{timeout};
+    if (dtype != DType::kF32) {
+      // Reduced in f32 (as the TCP path does): convert, reduce, round once.
+      std::vector<float> tmp(static_cast<size_t>(count));
+      ConvertToF32(dtype, buf, tmp.data(), count);
+      ST_RETURN_IF_ERROR(AllReduceF32(tmp.data(), count, op, o));
+      ConvertFromF32(dtype, tmp.data(), buf, count);
+      return Status::Ok();
+    }
+    return AllReduceF32(static_cast<float*>(buf), count, op, o);
+  }
+
+  Status DoAllGather(const void* in, void* out, int64_t count, DType dtype, uint64_t,
+                     std::chrono::milliseconds timeout) override {
+    const CollectiveOptions o{timeout};
+    const int H = l_.hosts(), L = l_.per_host();
+    const size_t b = static_cast<size_t>(count) * DTypeSize(dtype);
+    // Across hosts: the blocks of the ranks with this local index, in host order.
+    std::vector<char> column(b * H), all(b * H * L);
+    std::memcpy(column.data() + b * l_.host_of[rank()], in, b);
+    ST_RETURN_IF_ERROR(
+        cross_->AllGather(column.data() + b * l_.host_of[rank()], column.data(), count, dtype, o));
+    // Within the host: every local index's column, [L][H] blocks.
+    ST_RETURN_IF_ERROR(local_->AllGather(column.data(), all.data(), count * H, dtype, o));
+    char* dst = static_cast<char*>(out);
+    for (int i = 0; i < L; ++i)
+      for (int h = 0; h < H; ++h)
+        std::memcpy(dst + b * l_.rank_at[h][i], all.data() + b * (static_cast<size_t>(i) * H + h),
+                    b);
+    return Status::Ok();
+  }
+
+  Status DoReduceScatter(const void* in, void* out, int64_t count, DType, ReduceOp op, uint64_t,
+                         std::chrono::milliseconds timeout) override {
+    const CollectiveOptions o{timeout};
+    const int H = l_.hosts(), L = l_.per_host();
+    const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    const size_t n = static_cast<size_t>(count);
+    // Blocks reordered to [L][H]: local index i receives the host's sum of the blocks meant for
+    // the ranks with local index i (one per host), then the hosts reduce-scatter those.
+    std::vector<float> packed(n * size()), column(n * H);
+    const float* src = static_cast<const float*>(in);
+    for (int i = 0; i < L; ++i)
+      for (int h = 0; h < H; ++h)
+        std::memcpy(packed.data() + n * (static_cast<size_t>(i) * H + h),
+                    src + n * l_.rank_at[h][i], n * sizeof(float));
+    ST_RETURN_IF_ERROR(
+        local_->ReduceScatter(packed.data(), column.data(), count * H, DType::kF32, inner, o));
+    ST_RETURN_IF_ERROR(cross_->ReduceScatter(column.data(), out, count, DType::kF32, inner, o));
+    if (op == ReduceOp::kAvg) Scale(static_cast<float*>(out), count);
+    return Status::Ok();
+  }
+
+  Status DoBroadcast(void* buf, int64_t count, DType dtype, int root, uint64_t,
+                     std::chrono::milliseconds timeout) override {
+    const CollectiveOptions o{timeout};
+    const int root_local = l_.local_of[root];
+    if (l_.local_of[rank()] == root_local)
+      ST_RETURN_IF_ERROR(cross_->Broadcast(buf, count, dtype, l_.host_of[root], o));
+    return local_->Broadcast(buf, count, dtype, root_local, o);
+  }
+
+  Status DoBarrier(uint64_t, std::chrono::milliseconds timeout) override {
+    const CollectiveOptions o{timeout};
+    ST_RETURN_IF_ERROR(local_->Barrier(o));
+    if (l_.local_of[rank()] == 0) ST_RETURN_IF_ERROR(cross_->Barrier(o));
+    return local_->Barrier(o);
+  }
+
+ private:
+  // Local reduce_scatter into this rank's 1/L part (zero-padded to L equal parts), cross-host
+  // all_reduce of the part, local all_gather of the parts.
+  Status AllReduceF32(float* buf, int64_t count, ReduceOp op, const CollectiveOptions& o) {
+    const int L = l_.per_host();
+    const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    const int64_t part = (count + L - 1) / L;
+    const bool even = part * L == count;
+    std::vector<float> padded;
+    if (!even) {
+      padded.assign(static_cast<size_t>(part * L), 0.0f);
+      std::memcpy(padded.data(), buf, static_cast<size_t>(count) * sizeof(float));
+    }
+    float* whole = even ? buf : padded.data();
+    std::vector<float> mine(static_cast<size_t>(part));
+    ST_RETURN_IF_ERROR(local_->ReduceScatter(whole, mine.data(), part, DType::kF32, inner, o));
+    ST_RETURN_IF_ERROR(cross_->AllReduce(mine.data(), part, DType::kF32, inner, o));
+    ST_RETURN_IF_ERROR(local_->AllGather(mine.data(), whole, part, DType::kF32, o));
+    if (!even) std::memcpy(buf, padded.data(), static_cast<size_t>(count) * sizeof(float));
+    if (op == ReduceOp::kAvg) Scale(buf, count);
+    return Status::Ok();
+  }
+
+  void Scale(float* p, int64_t n) const {
+    const float inv = 1.0f / static_cast<float>(size());
+    for (int64_t i = 0; i < n; ++i) p[i] *= inv;
+  }
+
+  const Layout l_;
+  std::unique_ptr<ProcessGroup> local_;  // the ranks of this host (shared memory)
+  std::unique_ptr<ProcessGroup> cross_;  // the ranks with this local index, one per host (TCP)
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ProcessGroup>> CreateHierarchicalGroup(
+    std::shared_ptr<Store> store, int rank, int size, const std::vector<std::string>& hosts,
+    const GroupOptions& opts) {
+  Layout l = MakeLayout(hosts);
+  bool even = l.per_host() > 1;
+  for (const auto& on_host : l.rank_at) even = even && on_host.size() == l.rank_at[0].size();
+  // One rank per host, or hosts with different numbers of ranks: one flat TCP group.
+  if (!even) return CreateGlooProcessGroup(store, rank, size, opts);
+  const int h = l.host_of[rank], i = l.local_of[rank];
+  GroupOptions local_opts = opts;
+  local_opts.name = StrCat(opts.name, "/local/", h);
+  auto local = shm::CreateShmProcessGroup(
+      std::make_shared<PrefixStore>("pg/" + local_opts.name, store), i, l.per_host(), local_opts);
+  if (!local.ok()) {
+    // Decided by the ranks of this host together; other hosts may still share memory.
+    if (i == 0)
+      std::fprintf(stderr,
+                   "slicetrain: warning: group '%s': no shared memory between the ranks of host "
+                   "%d (%s); using TCP there\n",
+                   opts.name.c_str(), h, local.status().message().c_str());
+    local = CreateGlooProcessGroup(store, i, l.per_host(), local_opts);
+    if (!local.ok()) return local.status();
+  }
+  GroupOptions cross_opts = opts;
+  cross_opts.name = StrCat(opts.name, "/cross/", i);
+  ST_ASSIGN_OR_RETURN(auto cross, CreateGlooProcessGroup(store, h, l.hosts(), cross_opts));
+  return std::unique_ptr<ProcessGroup>(
+      new HierProcessGroup(rank, size, opts, std::move(l), std::move(*local), std::move(cross)));
+}
+
+}  // namespace st::comm::hier
