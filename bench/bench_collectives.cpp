@@ -43,6 +43,7 @@ struct Config {
   std::vector<int64_t> sizes = {1 << 10, 64 << 10, 4 << 20, 64 << 20};
   int64_t budget = 64 << 20;  // traffic per row: sets the iteration count
   std::string peer;           // python with torch; "" = tools/.venv's, "none" = skip
+  size_t slot_bytes = 0;      // shared-memory slot per rank (0 = the default)
   std::string results;        // rows, "op transport workers bytes us" (written by rank 0)
 };
 
@@ -79,6 +80,7 @@ int Worker(const Config& cfg, const std::string& transport, int rank, int P, int
   std::shared_ptr<Store> store(std::move(*client));
   GroupOptions o;
   o.transport = *ParseTransport(transport);
+  o.shm_slot_bytes = cfg.slot_bytes;
   auto pg = CreateProcessGroup(store, rank, P, o);
   if (!pg.ok()) {
     std::fprintf(stderr, "%s\n", pg.status().message().c_str());
@@ -199,6 +201,7 @@ int main(int argc, char** argv) {
   app.add_option("--ops", cfg.ops, "all_reduce, all_gather, reduce_scatter")->delimiter(',');
   app.add_option("--transports", cfg.transports, "shm, tcp")->delimiter(',');
   app.add_option("--sizes", cfg.sizes, "Message sizes in bytes")->delimiter(',');
+  app.add_option("--slot-bytes", cfg.slot_bytes, "Shared-memory slot per rank (0 = default)");
   app.add_option("--peer", cfg.peer, "Python with torch for the peer; none to skip");
   CLI11_PARSE(app, argc, argv);
   if (full) {

@@ -119,7 +119,13 @@ TEST_P(Transports, ExactResultsForEveryCollective) {
   const Layout s = GetParam();
   const int P = s.ranks;
   const std::vector<int64_t> counts = {1, 13, 256, 1000003 / (P * 4) * 4 + 3};
+  // One host: shared memory; several with more than one rank each: hierarchical; else TCP.
+  const std::string want = s.transport == Transport::kTcp ? "tcp"
+                           : s.hosts == 1                 ? "shm"
+                           : s.ranks / s.hosts > 1        ? "shm+tcp"
+                                                          : "tcp";
   RunRanks(s, [&](ProcessGroup& pg) {
+    EXPECT_EQ(pg.transport(), want);
     const int r = pg.rank();
     const int64_t tri = static_cast<int64_t>(P) * (P + 1) / 2;
     for (int64_t n : counts) {
@@ -256,6 +262,26 @@ TEST(TransportsLarge, AllReduce64MiB) {
       ASSERT_TRUE(pg.AllReduce(buf.data(), n, DType::kF32, ReduceOp::kSum).ok());
       for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(buf[i], Val(0, i) * 3) << TransportName(t);
       ASSERT_EQ(buf[n - 1], Val(0, n - 1) * 3);
+    });
+  }
+}
+
+// Messages of several pipeline chunks (the hierarchical all_reduce overlaps the cross-host part of
+// one chunk with the local parts of its neighbours), with an uneven last chunk.
+TEST(TransportsLarge, HierarchicalPipelineOfSeveralChunks) {
+  const int64_t n = 3 * (int64_t{1} << 20) + 5;
+  const Layout hier{"hier", Transport::kAuto, 2, 4};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    const std::vector<float> ref = Reference(4, n, DType::kF32, op);
+    RunRanks(hier, [&](ProcessGroup& pg) {
+      EXPECT_EQ(pg.transport(), "shm+tcp");
+      std::vector<float> buf = Inputs(pg.rank(), n, DType::kF32);
+      ASSERT_TRUE(pg.AllReduce(buf.data(), n, DType::kF32, op).ok());
+      std::vector<char> bytes(n * sizeof(float));
+      std::memcpy(bytes.data(), buf.data(), bytes.size());
+      ExpectSameOnEveryRank(pg, bytes);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(buf[i], ref[i], 2e-6 * (std::abs(ref[i]) + 1)) << ReduceOpName(op) << " " << i;
     });
   }
 }

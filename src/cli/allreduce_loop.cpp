@@ -1,6 +1,7 @@
 // `slicetrain allreduce-loop` (hidden): every worker all_reduces a buffer `--iters` times. Used by
 // the launch and fault tests (a worker killed or failing mid collective must take the group down)
 // and handy for checking a cluster's network by hand.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -19,6 +20,7 @@ struct LoopArgs {
   int fail_rank = -1;  // this rank exits with code 3 ...
   int fail_at = 0;     // ... before iteration fail_at
   int sleep_ms = 0;    // pause between iterations
+  bool report = false;  // rank 0 prints the mean time and bandwidth of one all_reduce
 };
 
 Status RunLoop(const LoopArgs& a) {
@@ -29,7 +31,9 @@ Status RunLoop(const LoopArgs& a) {
   std::fflush(stdout);
   std::vector<float> buf(static_cast<size_t>(a.count));
   const double expected = worker->world_size() * (worker->world_size() + 1) / 2.0;
+  std::chrono::steady_clock::time_point t0;
   for (int i = 0; i < a.iters; ++i) {
+    if (i == 1) t0 = std::chrono::steady_clock::now();  // the first one warms up
     if (worker->rank() == a.fail_rank && i == a.fail_at) {
       std::fprintf(stderr, "rank %d failing on purpose at iteration %d\n", worker->rank(), i);
       std::fflush(stderr);
@@ -46,6 +50,21 @@ Status RunLoop(const LoopArgs& a) {
     }
     if (a.sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.sleep_ms));
   }
+  if (a.report && worker->rank() == 0 && a.iters > 1) {
+    // nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2 (P - 1) / P.
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+        (a.iters - 1);
+    const double bytes = static_cast<double>(a.count) * sizeof(float);
+    const int P = worker->world_size();
+    std::printf(
+        "allreduce-loop: %lld f32 (%.1f MiB) x %d on %d ranks via %s: %.3f ms per all_reduce, "
+        "algbw %.3f GB/s, busbw %.3f GB/s\n",
+        static_cast<long long>(a.count), bytes / (1 << 20), a.iters - 1, P,
+        worker->world().transport().c_str(), s * 1e3, bytes / s / 1e9,
+        bytes / s / 1e9 * 2.0 * (P - 1) / P);
+    std::fflush(stdout);
+  }
   return worker->Shutdown();
 }
 
@@ -60,6 +79,7 @@ void RegisterAllReduceLoopCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--fail-rank", a->fail_rank);
   cmd->add_option("--fail-at", a->fail_at);
   cmd->add_option("--sleep-ms", a->sleep_ms);
+  cmd->add_flag("--report", a->report, "Rank 0 prints the time and bandwidth of one all_reduce");
   cmd->callback([&ctx, a] {
     Status st = RunLoop(*a);
     if (!st.ok()) ctx.exit_code = ReportError("allreduce-loop", st);

@@ -61,6 +61,8 @@ class ProcessGroup {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
   const std::string& host() const { return host_; }
+  // How this group's data travels: "tcp", "shm", "shm+tcp" (hierarchical).
+  virtual std::string transport() const = 0;
 
   // buf: [count], in place. kAvg divides the sum by size(). bf16 is reduced in fp32.
   Status AllReduce(void* buf, int64_t count, DType dtype, ReduceOp op,

@@ -324,6 +324,8 @@ class GlooProcessGroup final : public ProcessGroup {
     });
   }
 
+  std::string transport() const override { return "tcp"; }
+
   void OnStart(uint64_t seq) override { started_.store(seq); }
 
   // Waits briefly so every live peer's watchdog publishes its progress, then names the ranks

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <map>
 
 #include "comm/gloo/gloo_process_group.h"
@@ -108,6 +109,10 @@ class HierProcessGroup final : public ProcessGroup {
     return local_->Broadcast(buf, count, dtype, root_local, o);
   }
 
+  std::string transport() const override {
+    return StrCat(local_->transport(), "+", cross_->transport());
+  }
+
   Status DoBarrier(uint64_t, std::chrono::milliseconds timeout) override {
     const CollectiveOptions o{timeout};
     ST_RETURN_IF_ERROR(local_->Barrier(o));
@@ -116,24 +121,61 @@ class HierProcessGroup final : public ProcessGroup {
   }
 
  private:
-  // Local reduce_scatter into this rank's 1/L part (zero-padded to L equal parts), cross-host
-  // all_reduce of the part, local all_gather of the parts.
+  // Pipelined in chunks of kChunk elements: local reduce_scatter of chunk k into this rank's 1/L
+  // part (zero-padded to L equal parts), cross-host all_reduce of the part on the comm thread,
+  // local all_gather of the parts, so that chunk k crosses the network while this host
+  // reduce-scatters chunk k + 1 and gathers chunk k - 1. Each group sees its ops in one order on
+  // every rank: local RS0, RS1, AG0, RS2, AG1, ...; cross AR0, AR1, ...
   Status AllReduceF32(float* buf, int64_t count, ReduceOp op, const CollectiveOptions& o) {
     const int L = l_.per_host();
     const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-    const int64_t part = (count + L - 1) / L;
-    const bool even = part * L == count;
-    std::vector<float> padded;
-    if (!even) {
-      padded.assign(static_cast<size_t>(part * L), 0.0f);
-      std::memcpy(padded.data(), buf, static_cast<size_t>(count) * sizeof(float));
+    const int64_t chunk = std::max<int64_t>(L, kChunk / L * L);
+    const int64_t chunks = (count + chunk - 1) / chunk;
+    struct Piece {
+      float* data = nullptr;  // [part * L]: the chunk in `buf`, or `padded`
+      int64_t m = 0, part = 0;
+      std::vector<float> padded, mine;  // mine: [part]
+      std::future<Status> cross;
+    };
+    std::vector<Piece> pieces(static_cast<size_t>(chunks));
+    auto start = [&](int64_t k) -> Status {
+      Piece& p = pieces[k];
+      float* at = buf + k * chunk;
+      p.m = std::min(chunk, count - k * chunk);
+      p.part = (p.m + L - 1) / L;
+      p.data = at;
+      if (p.part * L != p.m) {
+        p.padded.assign(static_cast<size_t>(p.part * L), 0.0f);
+        std::memcpy(p.padded.data(), at, static_cast<size_t>(p.m) * sizeof(float));
+        p.data = p.padded.data();
+      }
+      p.mine.resize(static_cast<size_t>(p.part));
+      ST_RETURN_IF_ERROR(
+          local_->ReduceScatter(p.data, p.mine.data(), p.part, DType::kF32, inner, o));
+      p.cross = comm_.Submit([this, &p, inner, o] {
+        return cross_->AllReduce(p.mine.data(), p.part, DType::kF32, inner, o);
+      });
+      return Status::Ok();
+    };
+    auto finish = [&](int64_t k) -> Status {
+      Piece& p = pieces[k];
+      ST_RETURN_IF_ERROR(p.cross.get());
+      ST_RETURN_IF_ERROR(local_->AllGather(p.mine.data(), p.data, p.part, DType::kF32, o));
+      if (!p.padded.empty())
+        std::memcpy(buf + k * chunk, p.padded.data(), static_cast<size_t>(p.m) * sizeof(float));
+      p = Piece();
+      return Status::Ok();
+    };
+    Status st = Status::Ok();
+    for (int64_t k = 0; k < chunks && st.ok(); ++k) {
+      st = start(k);
+      if (st.ok() && k > 0) st = finish(k - 1);
     }
-    float* whole = even ? buf : padded.data();
-    std::vector<float> mine(static_cast<size_t>(part));
-    ST_RETURN_IF_ERROR(local_->ReduceScatter(whole, mine.data(), part, DType::kF32, inner, o));
-    ST_RETURN_IF_ERROR(cross_->AllReduce(mine.data(), part, DType::kF32, inner, o));
-    ST_RETURN_IF_ERROR(local_->AllGather(mine.data(), whole, part, DType::kF32, o));
-    if (!even) std::memcpy(buf, padded.data(), static_cast<size_t>(count) * sizeof(float));
+    if (st.ok()) st = finish(chunks - 1);
+    // On failure, no task may outlive the pieces it writes.
+    for (Piece& p : pieces)
+      if (p.cross.valid()) p.cross.wait();
+    ST_RETURN_IF_ERROR(st);
     if (op == ReduceOp::kAvg) Scale(buf, count);
     return Status::Ok();
   }
@@ -143,9 +185,13 @@ class HierProcessGroup final : public ProcessGroup {
     for (int64_t i = 0; i < n; ++i) p[i] *= inv;
   }
 
+  // Elements per pipelined all_reduce chunk (4 MiB of f32).
+  static constexpr int64_t kChunk = int64_t{1} << 20;
+
   const Layout l_;
   std::unique_ptr<ProcessGroup> local_;  // the ranks of this host (shared memory)
   std::unique_ptr<ProcessGroup> cross_;  // the ranks with this local index, one per host (TCP)
+  CommThread comm_;                      // runs the cross-host part beside the local one
 };
 
 }  // namespace

@@ -63,6 +63,8 @@ constexpr int64_t kBlock = 2048;
 // Barrier wait: spin this many pauses, then yield for up to kYieldMicros, then sleep on the futex
 // in slices of kSleepMillis, checking abort, deadline and dead peers between slices.
 constexpr int kSpins = 4000;
+// With more ranks than CPUs a spinning rank holds the CPU its laggard needs: yield almost at once.
+constexpr int kSpinsOversubscribed = 16;
 constexpr int kYieldMicros = 200;
 constexpr int kSleepMillis = 5;
 
@@ -138,6 +140,9 @@ class ShmProcessGroup final : public ProcessGroup {
         hdr_(static_cast<Header*>(seg_.data())),
         slot_bytes_(hdr_->slot_bytes),
         data_(static_cast<char*>(seg_.data()) + hdr_->data_offset) {
+    cpu_set_t cpus;
+    if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && size > CPU_COUNT(&cpus))
+      spins_ = kSpinsOversubscribed;
     const int self = ::getpid();
     peers_.resize(size);
     for (int p = 0; p < size; ++p) {
@@ -267,6 +272,8 @@ class ShmProcessGroup final : public ProcessGroup {
     return size() == 1 ? Status::Ok() : Sync("barrier", Clock::now() + timeout);
   }
 
+  std::string transport() const override { return "shm"; }
+
   void OnStart(uint64_t seq) override { hdr_->rank[rank()].started.store(seq); }
 
   std::string MissingRanks(uint64_t seq) override {
@@ -299,7 +306,7 @@ class ShmProcessGroup final : public ProcessGroup {
       Futex(&hdr_->arrive, FUTEX_WAKE, INT_MAX, nullptr);
     const uint32_t target = static_cast<uint32_t>(epoch_ * static_cast<uint64_t>(P));
     auto reached = [&](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
-    for (int i = 0; i < kSpins; ++i) {
+    for (int i = 0; i < spins_; ++i) {
       if (reached(hdr_->arrive.load(std::memory_order_acquire))) return Status::Ok();
       _mm_pause();
     }
@@ -370,6 +377,7 @@ class ShmProcessGroup final : public ProcessGroup {
   const size_t slot_bytes_;
   char* const data_;
   std::vector<Peer> peers_;
+  int spins_ = kSpins;
   std::mutex op_mu_;  // one collective at a time (callers on several threads)
   uint64_t epoch_ = 0;
   int set_ = 0;
