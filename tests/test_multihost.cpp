@@ -156,6 +156,31 @@ TEST(MultiHost, FourNamespacesOfFourWorkersRunCollectives) {
   EXPECT_NE(out.find("ip=10.231.0.1) Rank  0"), std::string::npos);
 }
 
+// 1-3 hosts of 1-4 ranks: one rank per host is a flat TCP group, more make the hierarchical one
+// (shared memory inside a namespace, one TCP ring per local rank across them). allreduce-loop
+// checks every element of every all_reduce (a 4 MiB message, several pipeline chunks' worth of ring
+// steps).
+TEST(MultiHost, HostsOfOneToFourRanksAllReduce) {
+  const std::string ip = IpTool();
+  Namespaces ns(ip, 3);
+  if (const std::string why = ns.CreateOrSayWhyNot(); !why.empty()) GTEST_SKIP() << why;
+  int port = 29531;
+  for (auto [hosts, per_host] :
+       std::vector<std::pair<int, int>>{{1, 4}, {2, 1}, {2, 3}, {3, 2}, {3, 4}}) {
+    SCOPED_TRACE(Cat(std::to_string(hosts), " hosts x ", std::to_string(per_host)));
+    auto launchers =
+        LaunchOnEveryHost(ip, ns, hosts, per_host,
+                          {"allreduce-loop", "--iters", "12", "--count", "1000003", "--report"},
+                          std::to_string(port++), "netns-test-secret", "30000");
+    for (int i = 0; i < hosts; ++i)
+      ASSERT_EQ(launchers[i]->Wait(seconds(90)), 0) << "host " << i << ":\n"
+                                                    << launchers[i]->output();
+    const std::string via = hosts == 1 ? "shm" : per_host == 1 ? "tcp" : "shm+tcp";
+    EXPECT_EQ(LinesWith(launchers[0]->output(), Cat("ranks via ", via, ":")).size(), 1u)
+        << launchers[0]->output();
+  }
+}
+
 TEST(MultiHost, LostHostTakesTheOthersDown) {
   const std::string ip = IpTool();
   Namespaces ns(ip, 2);

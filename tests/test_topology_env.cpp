@@ -80,6 +80,16 @@ TEST(ClusterEnv, DefaultsAreOneLocalHost) {
   EXPECT_EQ(e->master_port, 29500);
 }
 
+TEST(ClusterEnv, TransportIsAutoUnlessSet) {
+  EXPECT_EQ(DetectClusterEnv({})->transport, "auto");
+  EXPECT_EQ(DetectClusterEnv({{"SLICETRAIN_TRANSPORT", "tcp"}})->transport, "tcp");
+  EXPECT_EQ(DetectClusterEnv({{"SLICETRAIN_TRANSPORT", "shm"}})->transport, "shm");
+  auto bad = DetectClusterEnv({{"SLICETRAIN_TRANSPORT", "rdma"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "SLICETRAIN_TRANSPORT: transport 'rdma' is not one of auto, tcp, shm");
+}
+
 TEST(ClusterEnv, TorchrunStyle) {
   auto e = DetectClusterEnv({{"RANK", "5"},
                              {"WORLD_SIZE", "8"},

@@ -17,9 +17,9 @@ namespace {
 struct LoopArgs {
   int iters = 10;
   int64_t count = 1 << 16;
-  int fail_rank = -1;  // this rank exits with code 3 ...
-  int fail_at = 0;     // ... before iteration fail_at
-  int sleep_ms = 0;    // pause between iterations
+  int fail_rank = -1;   // this rank exits with code 3 ...
+  int fail_at = 0;      // ... before iteration fail_at
+  int sleep_ms = 0;     // pause between iterations
   bool report = false;  // rank 0 prints the mean time and bandwidth of one all_reduce
 };
 
@@ -42,8 +42,10 @@ Status RunLoop(const LoopArgs& a) {
     std::fill(buf.begin(), buf.end(), static_cast<float>(worker->rank() + 1));
     ST_RETURN_IF_ERROR(worker->world().AllReduce(buf.data(), a.count, DType::kF32,
                                                  comm::ReduceOp::kSum, worker->collective()));
-    if (a.count > 0 && buf[0] != expected)
-      return Internal(StrCat("all_reduce gave ", buf[0], ", expected ", expected));
+    for (int64_t k = 0; k < a.count; ++k)
+      if (buf[k] != expected)
+        return Internal(
+            StrCat("all_reduce gave ", buf[k], " at element ", k, ", expected ", expected));
     if (worker->rank() == 0 && (i + 1) % 10 == 0) {
       std::printf("iteration %d done\n", i + 1);
       std::fflush(stdout);
@@ -52,9 +54,8 @@ Status RunLoop(const LoopArgs& a) {
   }
   if (a.report && worker->rank() == 0 && a.iters > 1) {
     // nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2 (P - 1) / P.
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-        (a.iters - 1);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                     (a.iters - 1);
     const double bytes = static_cast<double>(a.count) * sizeof(float);
     const int P = worker->world_size();
     std::printf(
