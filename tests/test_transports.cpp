@@ -326,6 +326,40 @@ TEST(Transports, ShmNeedsOneHost) {
   EXPECT_EQ(*ParseTransport("shm"), Transport::kShm);
 }
 
+// A segment that cannot be set up (here: slots too large to map) makes every rank of an `auto`
+// group fall back to TCP together, and is an error on every rank of an `shm` group.
+TEST(Transports, NoSegmentMeansTcpForEveryRankOrAnErrorWithShm) {
+  for (Transport t : {Transport::kAuto, Transport::kShm}) {
+    auto store = std::make_shared<MemoryStore>();
+    std::vector<std::string> got(3);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r)
+      ts.emplace_back([&, r] {
+        GroupOptions o;
+        o.transport = t;
+        o.shm_slot_bytes = size_t{1} << 46;
+        o.connect_timeout = milliseconds(10000);
+        auto pg = CreateProcessGroup(store, r, 3, o);
+        if (!pg.ok()) {
+          got[r] = "error: " + pg.status().message();
+          return;
+        }
+        float x = 1.f;
+        ASSERT_TRUE((*pg)->AllReduce(&x, 1, DType::kF32, ReduceOp::kSum).ok());
+        EXPECT_EQ(x, 3.f);
+        got[r] = (*pg)->transport();
+      });
+    for (auto& th : ts) th.join();
+    for (const std::string& g : got) {
+      if (t == Transport::kAuto) {
+        EXPECT_EQ(g, "tcp");
+      } else {
+        EXPECT_EQ(g.rfind("error: ", 0), 0u) << g;
+      }
+    }
+  }
+}
+
 TEST(Transports, ShmTimeoutNamesTheMissingRank) {
   RunRanks(Layout{"shm4", Transport::kShm, 1, 4}, [&](ProcessGroup& pg) {
     float x = 1.f;
@@ -398,6 +432,7 @@ class PeerKilled : public ::testing::TestWithParam<std::string> {};
 TEST_P(PeerKilled, SurvivorsReportItWithinTheTimeout) {
   const int P = 3;
   const int port = FreePort();
+  const auto shm_before = DevShm();
   std::vector<std::unique_ptr<testing::Proc>> ranks;
   for (int r = 0; r < P; ++r)
     ranks.push_back(std::make_unique<testing::Proc>(
@@ -427,6 +462,7 @@ TEST_P(PeerKilled, SurvivorsReportItWithinTheTimeout) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(12));
   ranks[1]->Wait(seconds(5));
+  EXPECT_EQ(DevShm(), shm_before) << "something was left in /dev/shm";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PeerKilled, ::testing::Values("shm", "tcp"),

@@ -72,7 +72,12 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(std::shared_ptr<Store
     if (hosts[p] != hosts[0]) other = p;
   if (other < 0) {
     auto g = shm::CreateShmProcessGroup(scoped, rank, size, opts);
-    if (g.ok() || opts.transport == Transport::kShm) return g;
+    if (g.ok()) return g;
+    if (opts.transport == Transport::kShm)
+      return Status(
+          g.status().code(),
+          StrCat("group '", opts.name, "': no shared memory between the ranks of this ", "host (",
+                 g.status().message(), "); SLICETRAIN_TRANSPORT=auto or tcp uses TCP instead"));
     if (rank == 0)
       std::fprintf(stderr,
                    "slicetrain: warning: group '%s': no shared memory between the ranks of this "
