@@ -1,12 +1,12 @@
 // Collective bandwidth and latency of slicetrain's transports beside PyTorch's gloo, in one run.
 // Reported as nccl-tests does: for each message size, the time of one op (slowest rank, mean over
-// iterations), algbw = bytes / time and busbw = algbw * factor (all_reduce 2(n-1)/n; all_gather
-// and reduce_scatter (n-1)/n), where bytes is the per-rank buffer for all_reduce, the gathered
-// output for all_gather and the scattered input for reduce_scatter. Workers are separate
-// processes on this host; "shm" is the shared-memory transport, "tcp" Gloo over loopback TCP, and
-// the peer (bench/peers/collectives_peer.py, torch.distributed with backend gloo) runs the same
-// sizes and worker counts right after. The memcpy column is one thread copying `bytes` between two
-// warm buffers: the ceiling a shared-memory collective is measured against.
+// iterations; 512 MiB of traffic per row), algbw = bytes / time and busbw = algbw * factor
+// (all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n), where bytes is the per-rank buffer
+// for all_reduce, the gathered output for all_gather and the scattered input for reduce_scatter.
+// Workers are separate processes on this host; "shm" is the shared-memory transport, "tcp" Gloo
+// over loopback TCP, and the peer (bench/peers/collectives_peer.py, torch.distributed with backend
+// gloo) runs the same sizes and worker counts right after. The memcpy column is one thread copying
+// `bytes` between two warm buffers: the ceiling a shared-memory collective is measured against.
 //   bench_collectives                      2 and 4 workers; 1 KiB, 64 KiB, 4 MiB, 64 MiB
 //   bench_collectives --full               every power of two from 1 KiB to 256 MiB
 //   bench_collectives --peer none          without the PyTorch peer
@@ -41,10 +41,10 @@ struct Config {
   std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter"};
   std::vector<std::string> transports = {"shm", "tcp"};
   std::vector<int64_t> sizes = {1 << 10, 64 << 10, 4 << 20, 64 << 20};
-  int64_t budget = 64 << 20;  // traffic per row: sets the iteration count
-  std::string peer;           // python with torch; "" = tools/.venv's, "none" = skip
-  size_t slot_bytes = 0;      // shared-memory slot per rank (0 = the default)
-  std::string results;        // rows, "op transport workers bytes us" (written by rank 0)
+  int64_t budget = 512 << 20;  // traffic per row: sets the iteration count
+  std::string peer;            // python with torch; "" = tools/.venv's, "none" = skip
+  size_t slot_bytes = 0;       // shared-memory slot per rank (0 = the default)
+  std::string results;         // rows, "op transport workers bytes us" (written by rank 0)
 };
 
 // A message size rounded to a whole number of f32 per rank.

@@ -6,7 +6,7 @@
 # achieves: a ring all_reduce over H hosts must send 2 (H - 1) / H x bytes out of every host, so
 # link fraction = that / time / rate. With 2 ranks per host the group is hierarchical
 # (shared memory inside a host, one TCP ring per local rank across them).
-#   sudo bench/collectives_netns.sh            # RATES="10gbit 1gbit" PER_HOST="1 2" MIB=64 ITERS=6
+#   sudo bench/collectives_netns.sh            # RATES="10gbit 1gbit" PER_HOST="1 2" MIB=64 ITERS=8
 # Needs root and `ip netns` and `tc` (iproute2); removes its namespaces on exit.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,7 +14,7 @@ bin="${SLICETRAIN:-$root/build/slicetrain}"
 rates="${RATES:-10gbit 1gbit}"
 per_host="${PER_HOST:-1 2}"
 mib="${MIB:-64}"
-iters="${ITERS:-6}"
+iters="${ITERS:-8}"
 tag="stb$$"
 cleanup() {
   ip netns del "${tag}a" 2>/dev/null || true

@@ -80,7 +80,7 @@ def main():
     p.add_argument("--workers", default="2,4")
     p.add_argument("--sizes", default="1024,4194304,67108864")
     p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter")
-    p.add_argument("--budget", type=int, default=64 << 20)
+    p.add_argument("--budget", type=int, default=512 << 20)
     args = p.parse_args()
     ops = args.ops.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]

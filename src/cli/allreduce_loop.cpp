@@ -31,17 +31,22 @@ Status RunLoop(const LoopArgs& a) {
   std::fflush(stdout);
   std::vector<float> buf(static_cast<size_t>(a.count));
   const double expected = worker->world_size() * (worker->world_size() + 1) / 2.0;
-  std::chrono::steady_clock::time_point t0;
+  // --report: time inside all_reduce from the second one on (the first warms up), every rank
+  // starting it together (a barrier after filling the buffer), so filling and checking are out.
+  double seconds = 0;
   for (int i = 0; i < a.iters; ++i) {
-    if (i == 1) t0 = std::chrono::steady_clock::now();  // the first one warms up
     if (worker->rank() == a.fail_rank && i == a.fail_at) {
       std::fprintf(stderr, "rank %d failing on purpose at iteration %d\n", worker->rank(), i);
       std::fflush(stderr);
       std::_Exit(3);
     }
     std::fill(buf.begin(), buf.end(), static_cast<float>(worker->rank() + 1));
+    if (a.report) ST_RETURN_IF_ERROR(worker->world().Barrier(worker->collective()));
+    const auto t0 = std::chrono::steady_clock::now();
     ST_RETURN_IF_ERROR(worker->world().AllReduce(buf.data(), a.count, DType::kF32,
                                                  comm::ReduceOp::kSum, worker->collective()));
+    if (i > 0)
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (int64_t k = 0; k < a.count; ++k)
       if (buf[k] != expected)
         return Internal(
@@ -54,8 +59,7 @@ Status RunLoop(const LoopArgs& a) {
   }
   if (a.report && worker->rank() == 0 && a.iters > 1) {
     // nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2 (P - 1) / P.
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                     (a.iters - 1);
+    const double s = seconds / (a.iters - 1);
     const double bytes = static_cast<double>(a.count) * sizeof(float);
     const int P = worker->world_size();
     std::printf(
