@@ -62,7 +62,7 @@ constexpr size_t kOneShotBytes = 32 * 1024;
 constexpr int64_t kBlock = 2048;
 // Barrier wait: spin this many pauses, then yield for up to kYieldMicros, then sleep on the futex
 // in slices of kSleepMillis, checking abort, deadline and dead peers between slices.
-constexpr int kSpins = 4000;
+constexpr int kSpins = 500;
 // With more ranks than CPUs a spinning rank holds the CPU its laggard needs: yield almost at once.
 constexpr int kSpinsOversubscribed = 16;
 constexpr int kYieldMicros = 200;
