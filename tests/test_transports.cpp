@@ -306,6 +306,32 @@ TEST(TransportsLarge, HierarchicalPipelineOfSeveralChunks) {
   }
 }
 
+// reduce_scatter and all_gather over several pipeline chunks (chunks of 1 M elements over all
+// ranks' blocks), an uneven last one included, on 2 hosts x 2 and 3 hosts x 2.
+TEST(TransportsLarge, HierarchicalReduceScatterAndAllGatherOfSeveralChunks) {
+  const int64_t n = 600001;
+  for (const Layout& hier :
+       {Layout{"hier", Transport::kAuto, 2, 4}, Layout{"hier", Transport::kAuto, 3, 6}}) {
+    const int P = hier.ranks;
+    RunRanks(hier, [&](ProcessGroup& pg) {
+      const int r = pg.rank();
+      // reduce_scatter: block q of rank p holds Val(p, q * n + i); sum = Val(0, .) * P(P+1)/2.
+      std::vector<float> in(n * P), out(n, -1.f);
+      for (int64_t i = 0; i < n * P; ++i) in[i] = Val(r, i);
+      ASSERT_TRUE(pg.ReduceScatter(in.data(), out.data(), n, DType::kF32, ReduceOp::kSum).ok());
+      const float tri = static_cast<float>(P * (P + 1) / 2);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], Val(0, r * n + i) * tri) << i;
+      // all_gather, bf16 (raw 2-byte elements).
+      std::vector<uint16_t> mine(n), all(n * P, 0);
+      for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<uint16_t>(r * 1000 + i % 997);
+      ASSERT_TRUE(pg.AllGather(mine.data(), all.data(), n, DType::kBF16).ok());
+      for (int q = 0; q < P; ++q)
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(all[q * n + i], static_cast<uint16_t>(q * 1000 + i % 997)) << q << " " << i;
+    });
+  }
+}
+
 TEST(Transports, ShmNeedsOneHost) {
   auto store = std::make_shared<MemoryStore>();
   std::vector<std::string> err(2);

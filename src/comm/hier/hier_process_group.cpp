@@ -59,44 +59,98 @@ class HierProcessGroup final : public ProcessGroup {
     return AllReduceF32(static_cast<float*>(buf), count, op, o);
   }
 
+  // Pipelined in chunks of m elements per rank (size() x m = kChunk): the cross-host all_gather of
+  // chunk k + 1 (comm thread) runs while the host all-gathers chunk k. Cross: the blocks of the
+  // ranks with this local index, in host order; local: every local index's column, [L][H] blocks.
   Status DoAllGather(const void* in, void* out, int64_t count, DType dtype, uint64_t,
                      std::chrono::milliseconds timeout) override {
     const CollectiveOptions o{timeout};
     const int H = l_.hosts(), L = l_.per_host();
-    const size_t b = static_cast<size_t>(count) * DTypeSize(dtype);
-    // Across hosts: the blocks of the ranks with this local index, in host order.
-    std::vector<char> column(b * H), all(b * H * L);
-    std::memcpy(column.data() + b * l_.host_of[rank()], in, b);
-    ST_RETURN_IF_ERROR(
-        cross_->AllGather(column.data() + b * l_.host_of[rank()], column.data(), count, dtype, o));
-    // Within the host: every local index's column, [L][H] blocks.
-    ST_RETURN_IF_ERROR(local_->AllGather(column.data(), all.data(), count * H, dtype, o));
-    char* dst = static_cast<char*>(out);
-    for (int i = 0; i < L; ++i)
-      for (int h = 0; h < H; ++h)
-        std::memcpy(dst + b * l_.rank_at[h][i], all.data() + b * (static_cast<size_t>(i) * H + h),
-                    b);
-    return Status::Ok();
+    const size_t esz = DTypeSize(dtype);
+    const int64_t chunk = std::max<int64_t>(1, kChunk / size());
+    const int64_t chunks = (count + chunk - 1) / chunk;
+    const size_t me = static_cast<size_t>(l_.host_of[rank()]);
+    struct Piece {
+      int64_t c0 = 0, m = 0;
+      std::vector<char> column;  // [H][m]
+      std::future<Status> cross;
+    };
+    std::vector<Piece> pieces(static_cast<size_t>(chunks));
+    auto start = [&](int64_t k) {
+      Piece& p = pieces[k];
+      p.c0 = k * chunk;
+      p.m = std::min(chunk, count - p.c0);
+      const size_t b = static_cast<size_t>(p.m) * esz;
+      p.column.resize(b * H);
+      std::memcpy(p.column.data() + b * me, static_cast<const char*>(in) + p.c0 * esz, b);
+      p.cross = comm_.Submit([this, &p, b, me, dtype, o] {
+        return cross_->AllGather(p.column.data() + b * me, p.column.data(), p.m, dtype, o);
+      });
+    };
+    auto finish = [&](int64_t k) -> Status {
+      Piece& p = pieces[k];
+      ST_RETURN_IF_ERROR(p.cross.get());
+      const size_t b = static_cast<size_t>(p.m) * esz;
+      std::vector<char> all(b * H * L);
+      ST_RETURN_IF_ERROR(local_->AllGather(p.column.data(), all.data(), p.m * H, dtype, o));
+      char* dst = static_cast<char*>(out) + p.c0 * esz;
+      const size_t row = static_cast<size_t>(count) * esz;
+      for (int i = 0; i < L; ++i)
+        for (int h = 0; h < H; ++h)
+          std::memcpy(dst + row * l_.rank_at[h][i],
+                      all.data() + b * (static_cast<size_t>(i) * H + h), b);
+      p = Piece();
+      return Status::Ok();
+    };
+    Status st = Status::Ok();
+    start(0);
+    for (int64_t k = 0; k < chunks && st.ok(); ++k) {
+      if (k + 1 < chunks) start(k + 1);
+      st = finish(k);
+    }
+    return WaitAll(pieces, st);
   }
 
+  // Pipelined in chunks of m elements per block (size() x m = kChunk): the blocks of chunk k are
+  // reordered to [L][H] (local index i receives the host's sum of the blocks meant for the ranks
+  // with local index i, one per host), reduce-scattered on the host, then across hosts on the
+  // comm thread while the host works on chunk k + 1.
   Status DoReduceScatter(const void* in, void* out, int64_t count, DType, ReduceOp op, uint64_t,
                          std::chrono::milliseconds timeout) override {
     const CollectiveOptions o{timeout};
     const int H = l_.hosts(), L = l_.per_host();
     const ReduceOp inner = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-    const size_t n = static_cast<size_t>(count);
-    // Blocks reordered to [L][H]: local index i receives the host's sum of the blocks meant for
-    // the ranks with local index i (one per host), then the hosts reduce-scatter those.
-    std::vector<float> packed(n * size()), column(n * H);
+    const int64_t chunk = std::max<int64_t>(1, kChunk / size());
+    const int64_t chunks = (count + chunk - 1) / chunk;
     const float* src = static_cast<const float*>(in);
-    for (int i = 0; i < L; ++i)
-      for (int h = 0; h < H; ++h)
-        std::memcpy(packed.data() + n * (static_cast<size_t>(i) * H + h),
-                    src + n * l_.rank_at[h][i], n * sizeof(float));
-    ST_RETURN_IF_ERROR(
-        local_->ReduceScatter(packed.data(), column.data(), count * H, DType::kF32, inner, o));
-    ST_RETURN_IF_ERROR(cross_->ReduceScatter(column.data(), out, count, DType::kF32, inner, o));
-    if (op == ReduceOp::kAvg) Scale(static_cast<float*>(out), count);
+    float* dst = static_cast<float*>(out);
+    struct Piece {
+      std::vector<float> column;  // [H][m]
+      std::future<Status> cross;
+    };
+    std::vector<Piece> pieces(static_cast<size_t>(chunks));
+    std::vector<float> packed;
+    Status st = Status::Ok();
+    for (int64_t k = 0; k < chunks && st.ok(); ++k) {
+      Piece& p = pieces[k];
+      const int64_t c0 = k * chunk, m = std::min(chunk, count - c0);
+      const size_t n = static_cast<size_t>(m);
+      packed.resize(n * size());
+      p.column.resize(n * H);
+      for (int i = 0; i < L; ++i)
+        for (int h = 0; h < H; ++h)
+          std::memcpy(packed.data() + n * (static_cast<size_t>(i) * H + h),
+                      src + static_cast<size_t>(count) * l_.rank_at[h][i] + c0, n * sizeof(float));
+      st = local_->ReduceScatter(packed.data(), p.column.data(), m * H, DType::kF32, inner, o);
+      if (!st.ok()) break;
+      p.cross = comm_.Submit([this, &p, dst, c0, m, inner, o] {
+        return cross_->ReduceScatter(p.column.data(), dst + c0, m, DType::kF32, inner, o);
+      });
+      if (k > 0) st = pieces[k - 1].cross.get();
+    }
+    if (st.ok() && pieces.back().cross.valid()) st = pieces.back().cross.get();
+    ST_RETURN_IF_ERROR(WaitAll(pieces, st));
+    if (op == ReduceOp::kAvg) Scale(dst, count);
     return Status::Ok();
   }
 
@@ -172,12 +226,18 @@ class HierProcessGroup final : public ProcessGroup {
       if (st.ok() && k > 0) st = finish(k - 1);
     }
     if (st.ok()) st = finish(chunks - 1);
-    // On failure, no task may outlive the pieces it writes.
-    for (Piece& p : pieces)
-      if (p.cross.valid()) p.cross.wait();
-    ST_RETURN_IF_ERROR(st);
+    ST_RETURN_IF_ERROR(WaitAll(pieces, st));
     if (op == ReduceOp::kAvg) Scale(buf, count);
     return Status::Ok();
+  }
+
+  // No comm-thread task may outlive the pieces it reads and writes (after a failure some are
+  // still queued or running): waits for them, then returns `st`.
+  template <typename Piece>
+  static Status WaitAll(std::vector<Piece>& pieces, Status st) {
+    for (Piece& p : pieces)
+      if (p.cross.valid()) p.cross.wait();
+    return st;
   }
 
   void Scale(float* p, int64_t n) const {
@@ -185,7 +245,8 @@ class HierProcessGroup final : public ProcessGroup {
     for (int64_t i = 0; i < n; ++i) p[i] *= inv;
   }
 
-  // Elements per pipelined all_reduce chunk (4 MiB of f32).
+  // Elements per pipelined chunk (4 MiB of f32): of the whole buffer for all_reduce, of all
+  // ranks' blocks together for all_gather and reduce_scatter.
   static constexpr int64_t kChunk = int64_t{1} << 20;
 
   const Layout l_;
