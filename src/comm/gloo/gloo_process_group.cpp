@@ -264,10 +264,11 @@ class GlooProcessGroup final : public ProcessGroup {
       return Status::Ok();
     }
     return Guard([&] {
-      // Two staging blocks [count]; left uninitialised (every element is received before use).
-      std::unique_ptr<float[]> a_mem(new float[n]), b_mem(new float[n]);
-      float* a = a_mem.get();
-      float* b = b_mem.get();
+      // Two staging blocks [count], kept between calls (fresh pages would fault in on every
+      // call); every element is received before use.
+      if (stage_.size() < 2 * n) stage_.resize(2 * n);
+      float* a = stage_.data();
+      float* b = stage_.data() + n;
       auto in_buf = ctx_->createUnboundBuffer(const_cast<float*>(input), n * P * sizeof(float));
       auto a_buf = ctx_->createUnboundBuffer(a, n * sizeof(float));
       auto b_buf = ctx_->createUnboundBuffer(b, n * sizeof(float));
@@ -388,6 +389,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::Context> ctx_;
+  std::vector<float> stage_;  // reduce-scatter staging, [2 x count] of the largest call so far
   std::atomic<uint64_t> started_{0};
   std::mutex wd_mu_;
   std::condition_variable wd_cv_;
