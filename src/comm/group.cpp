@@ -72,7 +72,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(std::shared_ptr<Store
     if (hosts[p] != hosts[0]) other = p;
   if (other < 0) {
     auto g = shm::CreateShmProcessGroup(scoped, rank, size, opts);
-    if (g.ok()) return g;
+    if (g.ok() || g.status().code() != StatusCode::kUnimplemented) return g;
     if (opts.transport == Transport::kShm)
       return Status(
           g.status().code(),

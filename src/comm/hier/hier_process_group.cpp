@@ -270,7 +270,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateHierarchicalGroup(
   local_opts.name = StrCat(opts.name, "/local/", h);
   auto local = shm::CreateShmProcessGroup(
       std::make_shared<PrefixStore>("pg/" + local_opts.name, store), i, l.per_host(), local_opts);
-  if (!local.ok()) {
+  if (!local.ok() && local.status().code() == StatusCode::kUnimplemented) {
     // Decided by the ranks of this host together; other hosts may still share memory.
     if (i == 0)
       std::fprintf(stderr,
@@ -278,8 +278,8 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateHierarchicalGroup(
                    "%d (%s); using TCP there\n",
                    opts.name.c_str(), h, local.status().message().c_str());
     local = CreateGlooProcessGroup(store, i, l.per_host(), local_opts);
-    if (!local.ok()) return local.status();
   }
+  if (!local.ok()) return local.status();
   GroupOptions cross_opts = opts;
   cross_opts.name = StrCat(opts.name, "/cross/", i);
   ST_ASSIGN_OR_RETURN(auto cross, CreateGlooProcessGroup(store, h, l.hosts(), cross_opts));

@@ -445,7 +445,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateShmProcessGroup(std::shared_ptr<St
   for (int p = 0; p < size && first.ok(); ++p) {
     auto v = store->Get(StrCat("shm/attached/", p), so);
     if (!v.ok()) return v.status();
-    if (v->rfind("error ", 0) == 0) first = Unavailable(StrCat("rank ", p, ": ", v->substr(6)));
+    if (v->rfind("error ", 0) == 0) first = Unimplemented(StrCat("rank ", p, ": ", v->substr(6)));
   }
   seg.CloseDescriptor();  // every rank has mapped it (or given up): no name or fd remains
   if (!first.ok()) return first;

@@ -19,8 +19,9 @@ constexpr size_t kDefaultSlotBytes = size_t{1} << 20;
 constexpr int kMaxRanks = 256;
 
 // Every rank of the group calls it; `store` is already scoped to the group. Rank 0 creates the
-// segment and the others attach; the result is the same on every rank (ok, or the first rank's
-// failure), so callers can fall back to TCP together.
+// segment and the others attach; the outcome is the same on every rank: ok, or kUnimplemented
+// with the first failing rank's reason (callers fall back to TCP together). Any other error (the
+// store, a peer that never came) is the rendezvous failing, not shared memory.
 StatusOr<std::unique_ptr<ProcessGroup>> CreateShmProcessGroup(std::shared_ptr<Store> store,
                                                               int rank, int size,
                                                               const GroupOptions& opts);
