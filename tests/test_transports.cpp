@@ -102,6 +102,11 @@ std::vector<float> Unpack(const std::vector<char>& b, DType dt) {
   return out;
 }
 
+// memcmp that accepts empty (possibly null) ranges.
+bool SameBytes(const void* a, const void* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n) == 0;
+}
+
 // Every rank's copy of `bytes` equal to rank 0's (all_reduce must give every rank the same bits).
 void ExpectSameOnEveryRank(ProcessGroup& pg, const std::vector<char>& bytes) {
   std::vector<char> all(bytes.size() * pg.size());
@@ -109,7 +114,7 @@ void ExpectSameOnEveryRank(ProcessGroup& pg, const std::vector<char>& bytes) {
       pg.AllGather(bytes.data(), all.data(), static_cast<int64_t>(bytes.size() / 2), DType::kBF16)
           .ok());
   for (int p = 1; p < pg.size(); ++p)
-    ASSERT_EQ(std::memcmp(all.data(), all.data() + p * bytes.size(), bytes.size()), 0)
+    ASSERT_TRUE(SameBytes(all.data(), all.data() + p * bytes.size(), bytes.size()))
         << "rank " << p << " differs from rank 0";
 }
 
@@ -163,8 +168,8 @@ TEST_P(Transports, ExactResultsForEveryCollective) {
           std::vector<float> want(n);
           for (int64_t i = 0; i < n; ++i) want[i] = Val(q, i);
           const std::vector<char> w = Pack(want, dt);
-          ASSERT_EQ(std::memcmp(all.data() + b * q, w.data(), b), 0) << "block " << q;
-          ASSERT_EQ(std::memcmp(flat.data() + b * q, w.data(), b), 0) << "in place, block " << q;
+          ASSERT_TRUE(SameBytes(all.data() + b * q, w.data(), b)) << "block " << q;
+          ASSERT_TRUE(SameBytes(flat.data() + b * q, w.data(), b)) << "in place, block " << q;
         }
         // broadcast from the last rank.
         std::vector<char> bc = mine;
@@ -211,7 +216,7 @@ TEST_P(TransportsRandom, RandomInputsMatchTheRankOrderReference) {
           // The reference rounded the way the buffer is.
           const std::vector<float> want = Unpack(Pack(ref, dt), dt);
           if (s.rank_order || op == ReduceOp::kMax) {
-            ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+            ASSERT_TRUE(SameBytes(got.data(), want.data(), n * sizeof(float)));
           } else {
             const double tol = dt == DType::kF32 ? 2e-6 : 1e-2;
             for (int64_t i = 0; i < n; ++i)
@@ -226,7 +231,7 @@ TEST_P(TransportsRandom, RandomInputsMatchTheRankOrderReference) {
             }
             ASSERT_TRUE(pg.ReduceScatter(in.data(), out.data(), n, DType::kF32, op).ok());
             if (s.rank_order || op == ReduceOp::kMax) {
-              ASSERT_EQ(std::memcmp(out.data(), ref.data(), n * sizeof(float)), 0);
+              ASSERT_TRUE(SameBytes(out.data(), ref.data(), n * sizeof(float)));
             } else {
               for (int64_t i = 0; i < n; ++i)
                 ASSERT_NEAR(out[i], ref[i], 2e-6 * (std::abs(ref[i]) + 1)) << i;

@@ -55,6 +55,7 @@ uint16_t FloatToHalf(float f) {
 }
 
 void ConvertToF32(DType src_type, const void* src, float* dst, int64_t n) {
+  if (n <= 0) return;  // empty buffers may be null pointers, which memcpy must never see
   switch (src_type) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -74,6 +75,7 @@ void ConvertToF32(DType src_type, const void* src, float* dst, int64_t n) {
 }
 
 void ConvertFromF32(DType dst_type, const float* src, void* dst, int64_t n) {
+  if (n <= 0) return;  // empty buffers may be null pointers, which memcpy must never see
   switch (dst_type) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
