@@ -162,7 +162,7 @@ TEST_P(Transports, ExactResultsForEveryCollective) {
         std::vector<char> all(b * P, 0x55);
         ASSERT_TRUE(pg.AllGather(mine.data(), all.data(), n, dt).ok());
         std::vector<char> flat(b * P, 0x33);
-        std::memcpy(flat.data() + b * r, mine.data(), b);
+        std::copy(mine.begin(), mine.end(), flat.begin() + b * r);
         ASSERT_TRUE(pg.AllGather(flat.data() + b * r, flat.data(), n, dt).ok());
         for (int q = 0; q < P; ++q) {
           std::vector<float> want(n);
