@@ -307,16 +307,17 @@ std::vector<double> RssAtEndOfEpoch(const std::string& run_dir, int64_t epoch) {
   return rss;
 }
 
-// The first epoch's checkpoint grows the heap once (glibc keeps what the writer freed), and rank
-// 0's window of recent steps (256) fills in the first epoch here (256 steps of 2 x 1 rows); after
-// that every worker's RSS stays where it is, epoch after epoch. Before the window, rank 0 grew by
-// about 4 KB a step without bound (1 MiB over the 256 steps compared here).
+// The first checkpoints grow the heap (glibc keeps what the writer freed), and rank 0's window of
+// recent steps (256) fills during the second epoch here (137 packed steps of 2 x 1 rows an epoch);
+// after that every worker's RSS stays where it is, epoch after epoch: compared between the ends
+// of epochs 3 and 4. Before the window, rank 0 grew by about 4 KB a step without bound. (Rank 0
+// still grew by 0.2-0.3 MiB from epoch 2 to 3, then stayed within 0.03 MiB over epochs 3-6.)
 TEST(Memory, WorkerMemoryIsFlatAcrossEpochs) {
 #ifdef ST_SANITIZED
   GTEST_SKIP() << "ASan's quarantine keeps freed memory: RSS is measured in the normal build";
 #endif
   const std::string storage = test::TempDir("host_flat");
-  const int64_t epochs = 3;
+  const int64_t epochs = 4;
   const Ran r =
       RunCommand("timeout 600 " + kBin +
                  " finetune --no-dashboard --progress off --batch-size-per-device 1 "
@@ -324,13 +325,14 @@ TEST(Memory, WorkerMemoryIsFlatAcrossEpochs) {
                  std::to_string(epochs) + " --storage-path " + storage + " --run-name flat");
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string run = storage + "/flat";
-  const std::vector<double> after2 = RssAtEndOfEpoch(run, 2), last = RssAtEndOfEpoch(run, epochs);
-  ASSERT_EQ(after2.size(), 2u);
+  const std::vector<double> before = RssAtEndOfEpoch(run, epochs - 1),
+                            last = RssAtEndOfEpoch(run, epochs);
+  ASSERT_EQ(before.size(), 2u);
   ASSERT_EQ(last.size(), 2u);
   for (size_t w = 0; w < 2; ++w)
-    EXPECT_NEAR(last[w], after2[w], 0.25)
-        << "rank " << w << ": " << after2[w] << " MiB after epoch 2, " << last[w]
-        << " MiB after epoch " << epochs << " (256 steps later)";
+    EXPECT_NEAR(last[w], before[w], 0.25)
+        << "rank " << w << ": " << before[w] << " MiB after epoch " << epochs - 1 << ", " << last[w]
+        << " MiB after epoch " << epochs << " (an epoch later)";
   fs::remove_all(storage);
 }
 

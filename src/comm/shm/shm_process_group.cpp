@@ -404,6 +404,10 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateShmProcessGroup(std::shared_ptr<St
     std::string published;
     if (created.ok()) {
       seg = std::move(*created);
+      // Every page exists from the start (and below, every rank maps every page): the segment
+      // counts in each worker's RSS once, at rendezvous, instead of growing into it whenever a
+      // larger message or the other slot set first reaches a page.
+      std::memset(static_cast<char*>(seg.data()) + kDataOffset, 0, total - kDataOffset);
       Header* h = new (seg.data()) Header();
       h->magic = kMagic;
       h->nonce = nonce;
@@ -449,6 +453,8 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateShmProcessGroup(std::shared_ptr<St
   }
   seg.CloseDescriptor();  // every rank has mapped it (or given up): no name or fd remains
   if (!first.ok()) return first;
+  const volatile char* page = static_cast<const char*>(seg.data());
+  for (size_t off = 0; off < seg.size(); off += 4096) (void)page[off];
   return std::unique_ptr<ProcessGroup>(new ShmProcessGroup(rank, size, opts, std::move(seg)));
 }
 
