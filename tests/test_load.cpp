@@ -10,9 +10,9 @@
 #include <fstream>
 #include <thread>
 
-#include "core/rng.h"
 #include "comm/group.h"
 #include "comm/store/store.h"
+#include "core/rng.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/safetensors.h"

@@ -3,9 +3,9 @@
 
 #include <thread>
 
-#include "core/rng.h"
 #include "comm/device_mesh.h"
 #include "comm/placement.h"
+#include "core/rng.h"
 #include "parallel/ffn_parity.h"
 #include "parallel/tensor_parallel.h"
 

@@ -30,9 +30,9 @@
 #include <memory>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "comm/process_group.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "model/weights.h"

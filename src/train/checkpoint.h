@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
 #include "comm/process_group.h"
+#include "core/status.h"
 #include "io/files.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"

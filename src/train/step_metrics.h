@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
 #include "comm/process_group.h"
+#include "core/status.h"
 
 namespace st {
 

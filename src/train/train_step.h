@@ -8,9 +8,9 @@
 #include <span>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "core/status.h"
 #include "data/batching.h"
-#include "comm/process_group.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"

@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "core/status.h"
 #include "data/batching.h"
 #include "data/chat_template.h"
 #include "data/collate.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "comm/process_group.h"
 #include "io/peft_adapter.h"
 #include "model/config.h"
 #include "train/step_metrics.h"
