@@ -484,6 +484,8 @@ TEST_P(PeerKilled, SurvivorsReportItWithinTheTimeout) {
     const int rc = ranks[r]->Wait(seconds(20));
     EXPECT_NE(rc, -1) << "rank " << r << " hung:\n" << ranks[r]->output();
     EXPECT_NE(rc, 0) << ranks[r]->output();
+    EXPECT_LT(rc, 128) << "rank " << r << " was killed by signal " << rc - 128 << ":\n"
+                       << ranks[r]->output();
     EXPECT_NE(ranks[r]->output().find("all_reduce(sum)"), std::string::npos) << ranks[r]->output();
     if (GetParam() == "shm") {
       EXPECT_NE(ranks[r]->output().find("rank 1 (pid " + std::to_string(ranks[1]->pid())),

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -145,6 +146,12 @@ int main(int argc, char** argv) {
   // which it keeps: a checkpoint's per-tensor buffers then made a worker's RSS creep epoch after
   // epoch (Memory.WorkerMemoryIsFlatAcrossEpochs).
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  // A peer that dies closes its sockets; Gloo's TCP pairs write with writev, which raises SIGPIPE
+  // on a closed connection and would kill this process silently before the collective can report
+  // which rank was lost (PeerKilled.SurvivorsReportItWithinTheTimeout/tcp). Ignored, the write
+  // fails with EPIPE and the error path names the peer. Writes to a closed stdout pipe then fail
+  // with EPIPE as well instead of ending the process, as in Python.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"slicetrain: fine-tune Gemma 4 models over a slice of devices (CPU workers here)",
                "slicetrain"};
   app.require_subcommand(1);
