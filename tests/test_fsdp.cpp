@@ -123,7 +123,8 @@ RunResult Reference(const Gemma4Config& c, const std::vector<float>& init, int s
 RunResult Sharded(const Gemma4Config& c, const std::vector<float>& init, int world,
                   FsdpUnitMode mode, DType param_dtype, int steps = kSteps,
                   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone,
-                  const LoraSpec& lora = {}) {
+                  const LoraSpec& lora = {}, int micro = 1, bool sync_each_batch = false,
+                  std::vector<size_t>* accumulation_bytes = nullptr) {
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<RunResult> results(world);
   std::vector<std::string> errors(world);
@@ -136,11 +137,11 @@ RunResult Sharded(const Gemma4Config& c, const std::vector<float>& init, int wor
         errors[r] = pg.status().ToString();
         return;
       }
-      const int64_t b_local = kB / world;
+      const int64_t b_local = kB / world, b_micro = b_local / micro;
       EngineOptions engine;
       engine.checkpointing = checkpointing;
       engine.lora = lora;
-      Gemma4Engine eng(c, b_local, kT, engine);
+      Gemma4Engine eng(c, b_micro, kT, engine);
       FsdpOptions o;
       o.units = mode;
       o.param_dtype = param_dtype;
@@ -152,12 +153,32 @@ RunResult Sharded(const Gemma4Config& c, const std::vector<float>& init, int wor
         const int64_t off = r * b_local * kT;
         const Batch b{d.ids.data() + off, d.mask.data() + off, d.labels.data() + off, b_local, kT};
         fsdp.ZeroGrad();
-        auto res = fsdp.ForwardBackward(eng, b);
+        StatusOr<ForwardResult> res = ForwardResult{};
+        if (micro == 1) {
+          res = fsdp.ForwardBackward(eng, b);
+        } else {
+          // The window's micro-batches: this rank's rows in `micro` pieces, the loss mean over
+          // the global batch's targets (every rank sees the whole batch here, so counts it).
+          int64_t targets = 0;
+          for (int64_t i = 0; i < kB; ++i)
+            for (int64_t t = 1; t < kT; ++t) targets += d.labels[i * kT + t] != -100;
+          for (int k = 0; k < micro && res.ok(); ++k) {
+            const int64_t o = off + k * b_micro * kT;
+            const Batch bk{d.ids.data() + o, d.mask.data() + o, d.labels.data() + o, b_micro, kT};
+            FsdpModel::Micro m;
+            m.global_targets = targets;
+            m.sync = sync_each_batch || k + 1 == micro;
+            const double sum = res->loss_sum;
+            res = fsdp.ForwardBackward(eng, bk, m);
+            if (res.ok()) res->loss_sum += sum;
+          }
+        }
         if (!res.ok()) {
           errors[r] = res.status().ToString();
           return;
         }
         results[r].losses.push_back(res->Loss());
+        if (accumulation_bytes) (*accumulation_bytes)[r] = fsdp.AccumulationBytes();
         auto norm = fsdp.ClipGradNorm(kMaxNorm);
         if (!norm.ok()) {
           errors[r] = norm.status().ToString();
@@ -230,6 +251,39 @@ TEST(FsdpLora, NRanksMatchOneProcessWithTheWholeBatch) {
       // Adapters are small and AdamW normalises their updates: the reduction order's rounding
       // shows at 2.2e-4 of their scale after the steps (losses within 2e-5 as for full training).
       ExpectClose(got, ref, reg, 5e-4);
+    }
+}
+
+// Gradient accumulation: each rank's rows in 3 micro-batches per step match one process with the
+// whole batch, whether the micro-batches keep unsharded gradients until the last one (FSDP2's
+// no-sync: a buffer per unit) or each reduce-scatters into the shards (--sync-each-batch: none).
+TEST(FsdpAccumulation, MicroBatchesMatchTheWholeBatchWithAndWithoutSync) {
+  const Gemma4Config c = Config();
+  const ParamRegistry reg = BuildParamRegistry(c);
+  std::vector<float> init(reg.layout.total());
+  InitParams(c, reg, init.data(), 5);
+  const RunResult ref = Reference(c, init);
+  for (FsdpUnitMode mode : {FsdpUnitMode::kMlp, FsdpUnitMode::kLayer})
+    for (bool sync : {false, true}) {
+      SCOPED_TRACE(StrCat(mode == FsdpUnitMode::kMlp ? "mlp" : "layer",
+                          sync ? ", sync each batch" : ", no-sync"));
+      std::vector<size_t> buffers(2);
+      const RunResult got = Sharded(c, init, 2, mode, DType::kF32, kSteps,
+                                    ActivationCheckpointing::kNone, {}, 3, sync, &buffers);
+      ExpectClose(got, ref, reg, 1e-4);
+      size_t trainable = 0;  // elements
+      const std::vector<bool> t = Trainable(reg);
+      for (int i = 0; i < reg.layout.size(); ++i)
+        if (t[i]) trainable += static_cast<size_t>(reg.layout.entry(i).numel);
+      for (size_t bytes : buffers) {
+        if (sync) {
+          EXPECT_EQ(bytes, 0u);
+        } else {  // every trainable element's fp32 gradient, unsharded (plus alignment)
+          EXPECT_GE(bytes, trainable * sizeof(float));
+          EXPECT_LT(bytes,
+                    (trainable + 16 * static_cast<size_t>(reg.layout.size())) * sizeof(float));
+        }
+      }
     }
 }
 

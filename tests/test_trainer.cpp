@@ -260,7 +260,8 @@ TEST(Finetune, EvaluationDuringTrainingAndEarlyStopping) {
   fs::remove_all(dir);
 }
 
-// --gradient-accumulation-steps 4 with batch 1 makes the update of batch 4, at 1 and 2 workers:
+// --gradient-accumulation-steps 4 with batch 1 makes the update of batch 4, at 1 and 2 workers
+// (and at 2 with --sync-each-batch):
 // every optimizer step of the epoch takes the same examples (its real tokens), and has the same
 // loss (the mean over the whole window's targets) and the same gradient (its global norm). The
 // runs use an lr of 1e-30, which leaves the weights as they are: with a real lr the trajectories
@@ -287,16 +288,23 @@ TEST(Finetune, GradientAccumulationEqualsALargerBatch) {
     }
     return std::make_pair(r.out, v);
   };
-  for (int world : {1, 2}) {
+  // At 2 workers also --sync-each-batch: every micro-batch reduce-scattered into the shards.
+  for (const auto& [world, sync] : {std::pair{1, false}, {2, false}, {2, true}}) {
     const std::string w = " --topology " + std::to_string(world);
-    const auto [out_big, big] = steps(w + " --batch-size-per-device 4", "big" + w.substr(12));
-    const auto [out_acc, acc] = steps(
-        w + " --batch-size-per-device 1 --gradient-accumulation-steps 4", "acc" + w.substr(12));
-    EXPECT_NE(out_acc.find(" x 1 x 4 micro-batches"), std::string::npos) << out_acc;
+    const std::string name = std::to_string(world) + (sync ? "s" : "");
+    const auto [out_big, big] = steps(w + " --batch-size-per-device 4", "big" + name);
+    const auto [out_acc, acc] =
+        steps(w + " --batch-size-per-device 1 --gradient-accumulation-steps 4" +
+                  (sync ? " --sync-each-batch" : ""),
+              "acc" + name);
+    EXPECT_NE(out_acc.find(sync ? " x 1 x 4 micro-batches (each reduce-scattered)"
+                                : " x 1 x 4 micro-batches;"),
+              std::string::npos)
+        << out_acc;
     ASSERT_EQ(acc.size(), big.size());
     ASSERT_GE(acc.size(), 4u);
     for (size_t k = 0; k < acc.size(); ++k) {
-      SCOPED_TRACE("world " + std::to_string(world) + ", step " + std::to_string(k + 1));
+      SCOPED_TRACE("world " + name + ", step " + std::to_string(k + 1));
       EXPECT_EQ(acc[k]["step"], big[k]["step"]);
       EXPECT_EQ(acc[k]["real_tokens"], big[k]["real_tokens"]);
       EXPECT_NEAR(acc[k]["loss"].get<double>(), big[k]["loss"].get<double>(),

@@ -174,6 +174,7 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   if (o.use_rslora) cmd.push_back("--use-rslora");
   cmd.push_back("--packing=" + o.packing);
   if (o.group_by_length) cmd.push_back("--group-by-length");
+  if (o.sync_each_batch) cmd.push_back("--sync-each-batch");
   char linger[32];
   std::snprintf(linger, sizeof(linger), "%.17g", a.dashboard_linger_s);
   cmd.insert(cmd.end(), {"--dashboard-host", a.dashboard_host, "--dashboard-port",
@@ -359,7 +360,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       shape.batch = a.o.batch_size_per_device;
       shape.seq = a.o.max_seq_len;
       shape.layer_units = a.o.fsdp_units == "layer";
-      shape.accumulation = a.o.gradient_accumulation_steps;
+      shape.accumulation = a.o.sync_each_batch ? 1 : a.o.gradient_accumulation_steps;
       shape.threads = a.threads > 0     ? a.threads
                       : env.threads > 0 ? env.threads
                                         : std::max(1, cpu::NumThreads() / std::max(1, local));
@@ -460,6 +461,11 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                   "Micro-batches of --batch-size-per-device per optimizer step (one update as "
                   "from a batch this many times larger)")
       ->capture_default_str();
+  cmd->add_flag("--sync-each-batch", o.sync_each_batch,
+                "With --gradient-accumulation-steps: reduce-scatter every micro-batch's gradients "
+                "into the shards instead of keeping each unit's unsharded fp32 gradient until the "
+                "last one (as Accelerate's sync_each_batch: 1/workers of that memory, one "
+                "reduce-scatter per micro-batch)");
   cmd->add_option("--lr-scheduler", o.lr_scheduler,
                   "Learning-rate schedule, as transformers' get_scheduler: constant, "
                   "constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, wsd")

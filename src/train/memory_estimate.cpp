@@ -138,6 +138,10 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
                  ? "lower --batch-size-per-device or --max-seq-len"
                  : "keep fewer activations (--activation-checkpointing layer), or lower "
                    "--batch-size-per-device or --max-seq-len";
+  else if (what.find("accumulation") != std::string::npos)
+    advice =
+        "reduce-scatter every micro-batch instead of keeping unsharded gradients "
+        "(--sync-each-batch), or fewer --gradient-accumulation-steps";
   else if (what.find("workspace") != std::string::npos)
     advice = "lower --batch-size-per-device or --max-seq-len, or fewer --threads";
   else if (what.find("sharded") != std::string::npos || what.find("gathered") != std::string::npos)

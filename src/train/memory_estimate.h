@@ -54,7 +54,7 @@ struct WorkerShape {
   // The weights are generated (a preset), not read from files: small frozen layers are kept.
   bool generated_weights = false;
   // --gradient-accumulation-steps: above 1, every unit's unsharded gradient is kept between the
-  // micro-batches (FsdpModel::Micro).
+  // micro-batches (FsdpModel::Micro); 1 with --sync-each-batch, which keeps none.
   int64_t accumulation = 1;
 };
 

@@ -53,8 +53,10 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
   std::printf("Setting up process group for: env:// [rank=0, world_size=%d]\n", s.world);
   std::string split;
   if (s.split > 0) split = StrCat(", ", s.split, " split into pieces");
-  const std::string micro =
-      s.accumulation > 1 ? StrCat(" x ", s.accumulation, " micro-batches") : std::string();
+  const std::string micro = s.accumulation > 1
+                                ? StrCat(" x ", s.accumulation, " micro-batches",
+                                         s.sync_each_batch ? " (each reduce-scattered)" : "")
+                                : std::string();
   if (s.untrained > 0) split += StrCat(", ", s.untrained, " with no target left");
   std::printf(
       "Data: %s; %lld examples of up to %lld tokens (mean %.1f; %lld truncated%s); %s; %lld "

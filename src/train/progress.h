@@ -24,7 +24,8 @@ struct SetupSummary {
   std::string layout;
   int world = 1;
   int64_t batch_size_per_device = 0;
-  int64_t accumulation = 1;  // micro-batches per optimizer step
+  int64_t accumulation = 1;      // micro-batches per optimizer step
+  bool sync_each_batch = false;  // each micro-batch reduce-scatters (--sync-each-batch)
   double lr = 0;
   std::string lr_schedule;  // LrSchedule::Describe()
   int64_t trainable_parameters = 0, frozen_parameters = 0;

@@ -50,7 +50,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
     } else {
       FsdpModel::Micro m;
       m.global_targets = static_cast<int64_t>(std::llround(window_targets));
-      m.sync = k + 1 == K;
+      m.sync = p.sync_each_batch || k + 1 == K;
       ST_ASSIGN_OR_RETURN(ForwardResult rk, p.fsdp.ForwardBackward(p.engine, b, m));
       r.loss_sum += rk.loss_sum;  // each already every rank's
       r.num_valid = rk.num_valid;

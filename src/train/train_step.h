@@ -38,6 +38,7 @@ struct StepParts {
   comm::ProcessGroup& pg;
   comm::CollectiveOptions collective;
   uint64_t seed = 0;  // the run's: with the step and the rank, the LoRA dropout masks' seed
+  bool sync_each_batch = false;  // every micro-batch reduce-scatters (--sync-each-batch)
 };
 
 struct StepResult {
@@ -52,8 +53,9 @@ struct StepResult {
 // batched as `batching` says, and advances `state` (global_step, step_in_epoch,
 // epoch_loss_sum). With several micro-batches the loss is the mean over all of their targets (one
 // all-reduce of the count first) and only the last reduce-scatters, as transformers >= 4.46 and
-// FSDP2's no-sync accumulate. Collectives, the same on every rank: FsdpModel::ForwardBackward's,
-// one all-reduce when clipping, then one all-gather of the samples after the optimizer step.
+// FSDP2's no-sync accumulate (every one with parts.sync_each_batch, adding into the shards).
+// Collectives, the same on every rank: FsdpModel::ForwardBackward's, one all-reduce when clipping,
+// then one all-gather of the samples after the optimizer step.
 StatusOr<StepResult> TrainStep(const StepParts& parts, const TokenizedSet& set,
                                std::span<const StepRows> micro, const BatchingOptions& batching,
                                TrainState& state);

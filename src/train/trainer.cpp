@@ -468,6 +468,7 @@ SetupSummary Trainer::Summary() const {
   s.world = world_;
   s.batch_size_per_device = o_.batch_size_per_device;
   s.accumulation = o_.gradient_accumulation_steps;
+  s.sync_each_batch = o_.sync_each_batch;
   s.lr = adam_.lr;
   s.lr_schedule = schedule_.Describe();
   s.trainable_parameters = TrainableParameters();
@@ -547,7 +548,8 @@ Status Trainer::RunEpoch(TrainState& state) {
     if (o_.max_steps > 0 && state.global_step >= o_.max_steps) break;
     AdamWConfig adam = adam_;  // this step's learning rate
     adam.lr = schedule_.At(state.global_step);
-    const StepParts parts{engine_, fsdp_, adam, o_.max_grad_norm, pg_, collective_, o_.seed};
+    const StepParts parts{engine_, fsdp_,       adam,    o_.max_grad_norm,
+                          pg_,     collective_, o_.seed, o_.sync_each_batch};
     ST_ASSIGN_OR_RETURN(StepResult step,
                         TrainStep(parts, in_.data.examples,
                                   std::span<const StepRows>(plan).subspan(

@@ -45,6 +45,10 @@ struct FinetuneOptions {
   // Micro-batches of batch_size_per_device per optimizer step (transformers'
   // gradient_accumulation_steps): the same update as one batch this many times larger.
   int64_t gradient_accumulation_steps = 1;
+  // With accumulation: reduce-scatter every micro-batch's gradients into the shards (1/N of the
+  // memory, K times the gradient traffic; Accelerate's sync_each_batch, FSDP2's default) instead of
+  // keeping every unit's unsharded gradient until the window's last one (FSDP2's no-sync).
+  bool sync_each_batch = false;
   int64_t max_seq_len = 64;
   // How records become rows (data/chat_template.h, data/batching.h): --template
   // (auto|instruction|gemma-chat|none), --train-on (auto|responses|all), --packing (truncate |
