@@ -19,6 +19,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"batch_size_per_device", o.batch_size_per_device},
           {"max_seq_len", o.max_seq_len},
           {"gradient_accumulation_steps", o.gradient_accumulation_steps},
+          {"sync_each_batch", o.sync_each_batch},
           {"lr_scheduler", o.lr_scheduler},
           {"warmup_steps", o.warmup_steps},
           {"warmup_ratio", o.warmup_ratio},
