@@ -299,7 +299,7 @@ TEST(Recorder, WritesOneJsonRecordPerStepAndTheRunState) {
 
 // Our event records are byte for byte those tensorboard's own RecordWriter and protocol buffers
 // make for the same events (tools/make_tensorboard_fixtures.py): framing, masked CRC-32C, field
-// encoding, step 0 omitted, a 2^40 step, an empty summary, a non-ASCII tag.
+// encoding, step 0 omitted, a 2^40 step, an empty summary, a non-ASCII tag, a SessionLog START.
 TEST(TensorBoard, EventBytesEqualTensorBoardsWriter) {
   EXPECT_EQ(observe::Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
   const std::string dir = ST_SOURCE_DIR "/tests/fixtures/tensorboard";
@@ -307,6 +307,12 @@ TEST(TensorBoard, EventBytesEqualTensorBoardsWriter) {
   std::string mine =
       observe::FrameRecord(observe::FileVersionEvent(golden["version_wall_time"].get<double>()));
   for (const auto& e : golden["events"]) {
+    if (e.contains("session_log")) {
+      ASSERT_EQ(e["session_log"], "START");
+      mine += observe::FrameRecord(
+          observe::SessionStartEvent(e["wall_time"].get<double>(), e["step"].get<int64_t>()));
+      continue;
+    }
     std::vector<observe::Scalar> scalars;
     for (const auto& sv : e["scalars"])
       scalars.push_back({sv[0].get<std::string>(), sv[1].get<float>()});
@@ -363,6 +369,50 @@ TEST(Recorder, WritesTensorBoardEvents) {
   for (const char* tag : {"train/loss", "train/learning_rate", "train/grad_norm", "train/epoch"})
     EXPECT_NE(records[2].find(tag), std::string::npos) << tag;
   EXPECT_NE(records[4].find("epoch/loss"), std::string::npos);
+  fs::remove_all(storage);
+}
+
+// A resumed run writes a new event file whose second record is a SessionLog START at the step after
+// the checkpoint (the bytes SessionStartEvent makes, checked against tensorboard's own above), so
+// that TensorBoard drops what the interrupted run wrote after it; a fresh run writes none.
+TEST(Recorder, AResumedRunPurgesTheStepsAfterItsCheckpoint) {
+  const std::string storage = test::TempDir("observe_tb_resume");
+  auto files = [&] {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(fs::path(storage) / "r" / "tensorboard"))
+      out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  {
+    observe::RunRecorder rec;
+    rec.EnableTensorBoard(true);
+    rec.OnStart(TestRun(storage, "r"));
+    for (int64_t s = 1; s <= 5; ++s) rec.OnStep(TestStep(s, 4.0 - s));
+    rec.Finish(Status::Ok());
+  }
+  const std::vector<fs::path> first = files();
+  ASSERT_EQ(first.size(), 1u);
+  const std::string start_log("\x3a\x02\x08\x01", 4);  // session_log (7) { status: START }
+  ASSERT_NE(observe::SessionStartEvent(0, 4).find(start_log), std::string::npos);
+  for (const std::string& r : ReadRecords(first[0].string()))
+    EXPECT_EQ(r.find(start_log), std::string::npos) << "a fresh run purges nothing";
+  // Next second: a new file name (the unix time is in it), as a real restart gets.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  {
+    observe::RunRecorder rec;
+    rec.EnableTensorBoard(true);
+    rec.OnStart(TestRun(storage, "r", /*first_epoch=*/1));  // resumed at step 3
+    rec.OnStep(TestStep(4, 0.5));
+    rec.Finish(Status::Ok());
+  }
+  const std::vector<fs::path> both = files();
+  ASSERT_EQ(both.size(), 2u);
+  const std::vector<std::string> records = ReadRecords(both[1].string());
+  ASSERT_GE(records.size(), 3u);
+  EXPECT_NE(records[0].find("brain.Event:2"), std::string::npos);
+  // The START event at step 4, with the file's wall time (the version record's first 9 bytes).
+  EXPECT_EQ(records[1], observe::SessionStartEvent(0, 4).replace(0, 9, records[0].substr(0, 9)));
   fs::remove_all(storage);
 }
 

@@ -3,7 +3,8 @@
 run's metrics.jsonl: every step record's loss, learning rate, grad norm, tokens/s (as float32) must be the
 scalar TensorBoard reports at that step under train/loss, train/learning_rate, train/grad_norm,
 train/tokens_per_s, every epoch record's loss under epoch/loss at the epoch's global step, and every eval
-record's eval_loss under eval/loss at its step.
+record's eval_loss under eval/loss at its step; and that no tag has a step twice (after a resume, the
+interrupted run's later steps must have been purged).
 
 Usage: tools/.venv/bin/python tools/check_tensorboard.py RUN_DIR     (needs tensorboard, tools/requirements.txt)
 Exit status 0 when everything matches; prints the tags found and the number of values compared.
@@ -30,6 +31,11 @@ def main():
     tags = acc.Tags()["scalars"]
     print("tags:", ", ".join(sorted(tags)))
     scalars = {t: {e.step: e.value for e in acc.Scalars(t)} for t in tags}
+    # Each step once per tag: a resumed run's SessionLog START has purged what the interrupted run
+    # wrote after the checkpoint (without it TensorBoard shows both runs' values of those steps).
+    repeated = {t: len(acc.Scalars(t)) - len(scalars[t]) for t in tags if len(acc.Scalars(t)) != len(scalars[t])}
+    for t, n in sorted(repeated.items()):
+        print(f"{t}: {n} step(s) appear more than once")
     steps, epochs, evals = [], [], []
     with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
@@ -59,7 +65,7 @@ def main():
             print(f"eval at step {r['step']} eval/loss: tensorboard {got}, metrics.jsonl {r['eval_loss']}")
     print(f"{len(steps)} steps, {len(epochs)} epochs, {len(evals)} evaluations, {compared} values compared, "
           f"{bad} differ")
-    return 0 if bad == 0 and compared > 0 else 1
+    return 0 if bad == 0 and not repeated and compared > 0 else 1
 
 
 if __name__ == "__main__":

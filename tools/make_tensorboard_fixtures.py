@@ -5,8 +5,10 @@ protocol buffers, and the events it holds as JSON, for slicetrain's hand-written
 
   events.bin   TFRecords (tensorboard.summary.writer.record_writer.RecordWriter) of tensorflow.Event protos
                (tensorboard.compat.proto.event_pb2): the file-version event, then scalar events whose
-               Summary.Value has tag and simple_value, as torch's SummaryWriter.add_scalar writes them
-  events.json  {"version_wall_time": t, "events": [{"wall_time", "step", "scalars": [[tag, value], ...]}]}
+               Summary.Value has tag and simple_value, as torch's SummaryWriter.add_scalar writes them, and a
+               SessionLog START (what SummaryWriter(purge_step=N) writes when a run restarts at step N)
+  events.json  {"version_wall_time": t, "events": [{"wall_time", "step", "scalars": [[tag, value], ...]}
+               or {"wall_time", "step", "session_log": "START"}]}
 
 The wall times are fixed (no clock), so the bytes are the same on every run:
   tools/.venv/bin/python tools/make_tensorboard_fixtures.py
@@ -27,6 +29,8 @@ EVENTS = [
     {"wall_time": 1796400001.0, "step": 1 << 40, "scalars": [["big/step", -3.75e-7]]},
     {"wall_time": 1796400002.5, "step": 300, "scalars": [["epoch/loss", 1.0e30], ["ünïcode/tag", 0.0]]},
     {"wall_time": 1796400003.0, "step": 301, "scalars": []},
+    {"wall_time": 1796400004.5, "step": 201, "session_log": "START"},
+    {"wall_time": 1796400005.0, "step": 201, "scalars": [["train/loss", 1.5]]},
 ]
 
 
@@ -36,6 +40,10 @@ def main():
     version_wall_time = 1796399999.5
     writer.write(event_pb2.Event(wall_time=version_wall_time, file_version="brain.Event:2").SerializeToString())
     for e in EVENTS:
+        if "session_log" in e:
+            log = event_pb2.SessionLog(status=event_pb2.SessionLog.SessionStatus.Value(e["session_log"]))
+            writer.write(event_pb2.Event(wall_time=e["wall_time"], step=e["step"], session_log=log).SerializeToString())
+            continue
         values = [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in e["scalars"]]
         ev = event_pb2.Event(wall_time=e["wall_time"], step=e["step"], summary=summary_pb2.Summary(value=values))
         writer.write(ev.SerializeToString())

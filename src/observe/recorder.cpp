@@ -90,9 +90,12 @@ void RunRecorder::OnStart(const RunInfo& run) {
         jsonl_ << e.dump() << "\n";
   jsonl_.flush();
   if (tensorboard_) {
-    // A new file per (re)start, as TensorBoard's writers do; the reader merges a directory's.
+    // A new file per (re)start, as TensorBoard's writers do; the reader merges a directory's. A
+    // resumed run purges what the earlier one wrote after the checkpoint it continues from, as
+    // metrics.jsonl above keeps each step once.
     StatusOr<EventFileWriter> w =
-        EventFileWriter::Open((fs::path(run.run_dir) / "tensorboard").string(), start_time_);
+        EventFileWriter::Open((fs::path(run.run_dir) / "tensorboard").string(), start_time_,
+                              run.resumed_step > 0 ? run.resumed_step + 1 : 0);
     if (w.ok())
       events_.emplace(std::move(*w));
     else

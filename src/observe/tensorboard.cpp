@@ -58,8 +58,9 @@ void PutBytes(std::string* out, int field, std::string_view v) {
   out->append(v);
 }
 
-// tensorflow.Event: wall_time = 1, step = 2, file_version = 3, summary = 5.
+// tensorflow.Event: wall_time = 1, step = 2, file_version = 3, summary = 5, session_log = 7.
 // tensorflow.Summary: value = 1; Summary.Value: tag = 1, simple_value = 2.
+// tensorflow.SessionLog: status = 1 (START = 1).
 std::string EventHead(double wall_time, int64_t step) {
   std::string e;
   PutDouble(&e, 1, wall_time);
@@ -97,6 +98,14 @@ std::string FileVersionEvent(double wall_time) {
   return e;
 }
 
+std::string SessionStartEvent(double wall_time, int64_t step) {
+  std::string log;
+  PutInt64(&log, 1, 1);
+  std::string e = EventHead(wall_time, step);
+  PutBytes(&e, 7, log);
+  return e;
+}
+
 std::string ScalarsEvent(double wall_time, int64_t step, const std::vector<Scalar>& scalars) {
   std::string summary;
   for (const Scalar& s : scalars) {
@@ -110,7 +119,8 @@ std::string ScalarsEvent(double wall_time, int64_t step, const std::vector<Scala
   return e;
 }
 
-StatusOr<EventFileWriter> EventFileWriter::Open(const std::string& dir, double wall_time) {
+StatusOr<EventFileWriter> EventFileWriter::Open(const std::string& dir, double wall_time,
+                                                int64_t purge_step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError(StrCat("cannot create ", dir, ": ", ec.message()));
@@ -124,6 +134,7 @@ StatusOr<EventFileWriter> EventFileWriter::Open(const std::string& dir, double w
   w.f_ = std::fopen(w.path_.c_str(), "ab");
   if (w.f_ == nullptr) return IoError(StrCat("cannot write ", w.path_, ": ", std::strerror(errno)));
   ST_RETURN_IF_ERROR(w.Write(FileVersionEvent(wall_time)));
+  if (purge_step > 0) ST_RETURN_IF_ERROR(w.Write(SessionStartEvent(wall_time, purge_step)));
   return w;
 }
 

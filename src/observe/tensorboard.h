@@ -31,13 +31,19 @@ struct Scalar {
 
 // The serialized Event of a file's first record ("brain.Event:2") and of scalars at a step.
 std::string FileVersionEvent(double wall_time);
+// A SessionLog START at `step`: TensorBoard's readers (EventAccumulator and the data server's
+// plugin accumulator) then drop every event seen so far whose step is >= step, what torch's
+// SummaryWriter(purge_step=step) writes so that a run restarted from a checkpoint does not show
+// the crashed run's later steps beside the redone ones.
+std::string SessionStartEvent(double wall_time, int64_t step);
 std::string ScalarsEvent(double wall_time, int64_t step, const std::vector<Scalar>& scalars);
 
 class EventFileWriter {
  public:
   // Creates dir and events.out.tfevents.<unix seconds>.<host> in it, and writes the version
-  // record.
-  static StatusOr<EventFileWriter> Open(const std::string& dir, double wall_time);
+  // record, then with purge_step > 0 a SessionStartEvent at it (a resumed run).
+  static StatusOr<EventFileWriter> Open(const std::string& dir, double wall_time,
+                                        int64_t purge_step = 0);
   EventFileWriter(EventFileWriter&& other) noexcept;
   EventFileWriter& operator=(EventFileWriter&& other) noexcept;
   EventFileWriter(const EventFileWriter&) = delete;
