@@ -130,6 +130,18 @@ class FakeHub {
     converted.files["default/validation/0000.parquet"] = {
         Slurp(fixtures / "acme--splits" / "data" / "validation-00000-of-00001.parquet"), true};
     converted_["acme/scripted"] = converted;
+    // Data files of its own, but a README config whose pattern matches none of them: an error to
+    // report, not a reason to read the Parquet conversion (which exists here too).
+    Repo misconfigured;
+    misconfigured.sha = std::string(40, '5');
+    misconfigured.files["README.md"] = {
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        "    path: \"missing/*.jsonl\"\n---\n# moved files\n",
+        false};
+    misconfigured.files["data/train.jsonl"] = {"{\"instruction\": \"a\", \"response\": \"b\"}\n",
+                                               false};
+    datasets_["acme/misconfigured"] = misconfigured;
+    converted_["acme/misconfigured"] = converted;
 
     srv_.Get(R"(/api/models/([^/]+/[^/]+)/revision/([^/]+))",
              [this](const httplib::Request& q, httplib::Response& r) { Info(q, r); });
@@ -593,6 +605,17 @@ TEST_F(HubTest, ScriptDataSetReadsTheParquetConversion) {
   want.resize(5);
   EXPECT_EQ(Rows(*src), want);
   EXPECT_NE(AllLogs().find("Parquet conversion"), std::string::npos) << AllLogs();
+}
+
+// A repository with data files whose config matches none of them is reported as such; the hub's
+// Parquet conversion is only for repositories without data files.
+TEST_F(HubTest, AConfigMatchingNoDataFileIsAnError) {
+  auto src = ResolveDatasetSource("acme/misconfigured", "", "", "train", Options());
+  ASSERT_FALSE(src.ok()) << src->path;
+  EXPECT_NE(src.status().message().find("config 'default' split 'train': no data files"),
+            std::string::npos)
+      << src.status().ToString();
+  EXPECT_EQ(AllLogs().find("Parquet conversion"), std::string::npos) << AllLogs();
 }
 
 // The seed's job: `slicetrain finetune --dataset databricks/databricks-dolly-15k` against the

@@ -147,6 +147,14 @@ std::vector<std::string> DataFilesOnly(std::vector<std::string> v) {
   return v;
 }
 
+}  // namespace
+
+bool HoldsDataFiles(const std::vector<std::string>& files) {
+  return !DataFilesOnly(Resolve(files, "**")).empty();
+}
+
+namespace {
+
 StatusOr<SplitPatterns> InferPatterns(const std::vector<std::string>& files) {
   // Shards named data/{split}-00000-of-00003*.*
   const std::string sharded = "data/*-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*.*";

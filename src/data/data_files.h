@@ -30,6 +30,10 @@ StatusOr<SplitFiles> ResolveSplitFiles(const std::vector<std::string>& files,
                                        const std::string& readme, const std::string& config,
                                        const std::string& split);
 
+// Whether any of `files` is a data file that counts (not hidden, not metadata): a repository
+// without one is a script data set, read from the hub's Parquet conversion.
+bool HoldsDataFiles(const std::vector<std::string>& files);
+
 // Every regular file under dir (following symbolic links, as in a hub snapshot), relative and
 // sorted; hidden entries skipped.
 StatusOr<std::vector<std::string>> ListRepoFiles(const std::string& dir);

@@ -108,9 +108,9 @@ StatusOr<DatasetSource> ResolveDatasetSource(const std::string& dataset, const s
   }
   StatusOr<SplitFiles> sf = ResolveSplitFiles(info->files, readme, config, split.name);
   if (!sf.ok()) {
-    // No data files of its own: the hub's Parquet conversion, if there is one.
-    const bool no_files = sf.status().message().find("no data files") != std::string::npos;
-    if (!no_files) return sf.status().WithContext(what);
+    // No data files of its own (a script data set): the hub's Parquet conversion, if there is
+    // one. A repository with data files that the config or split does not match is an error.
+    if (HoldsDataFiles(info->files)) return sf.status().WithContext(what);
     StatusOr<RepoInfo> conv = client.GetRepoInfo(dataset, kParquetBranch, RepoType::kDataset);
     if (!conv.ok())
       return sf.status().WithContext(
