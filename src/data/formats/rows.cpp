@@ -120,11 +120,26 @@ StatusOr<RowFile> RowFile::Open(const std::string& path, const std::string& json
 
 StatusOr<int64_t> RowFile::CountRows() const {
   if (parquet_) return parquet_->file.num_rows();
+  // The scanners' record boundaries only: no record is parsed into JSON or a row built.
   int64_t n = 0;
-  Status s = ForEach(0, INT64_MAX, {}, [&](const Row&) {
-    ++n;
-    return Status::Ok();
-  });
+  Status s = Status::Ok();
+  if (format_ == DataFormat::kCsv || format_ == DataFormat::kTsv) {
+    s = ScanCsv(
+        path_, format_ == DataFormat::kCsv ? ',' : '\t',
+        [](const std::vector<std::string>&) { return Status::Ok(); },
+        [&](int64_t, int64_t, const std::vector<CsvField>&) {
+          ++n;
+          return Status::Ok();
+        });
+  } else {
+    auto count = [&](int64_t, int64_t, std::string_view) {
+      ++n;
+      return Status::Ok();
+    };
+    s = format_ == DataFormat::kJsonArray   ? ScanJsonArray(path_, count)
+        : format_ == DataFormat::kJsonField ? ScanJsonField(path_, json_field_, count)
+                                            : ScanJsonLines(path_, count);
+  }
   if (!s.ok()) return s;
   return n;
 }
