@@ -34,11 +34,9 @@ namespace st {
 
 namespace fs = std::filesystem;
 
-StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
-                                              const std::string& model_id,
-                                              const std::string& tokenizer_flag, DatasetOptions dso,
-                                              int64_t max_seq_len, const std::string& data_dir,
-                                              const TextOptions& text) {
+StatusOr<RunTokenizer> LoadRunTokenizer(const Gemma4Config& config, const std::string& model_id,
+                                        const std::string& tokenizer_flag,
+                                        const std::string& data_dir) {
   std::error_code ec;
   const std::string tok_dir = !tokenizer_flag.empty()          ? tokenizer_flag
                               : fs::is_directory(model_id, ec) ? model_id
@@ -51,13 +49,20 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
   if (tok.vocab_size() > config.vocab_size)
     return InvalidArgument(StrCat("the tokenizer at ", tok_dir, " has ", tok.vocab_size(),
                                   " tokens but the model's vocabulary is ", config.vocab_size));
+  return RunTokenizer{tok_dir, std::move(tok)};
+}
+
+StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, DatasetOptions dso,
+                                              int64_t max_seq_len, const std::string& data_dir,
+                                              const TextOptions& text) {
+  const Tokenizer& tok = tokenizer.tokenizer;
   if (dso.path.empty()) dso.path = data_dir + "/tiny_instruct/train.jsonl";
   ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
   CollateOptions co;
   co.max_seq_len = max_seq_len;
   co.split_long = text.split_long;
   ST_ASSIGN_OR_RETURN(const int32_t pad_id, ResolvePadId(tok, co));
-  InstructionData data{tok_dir, std::move(tok), TokenizedSet{}, DatasetReport{}};
+  InstructionData data{tokenizer.dir, tok, TokenizedSet{}, DatasetReport{}};
   ST_ASSIGN_OR_RETURN(ExampleRenderer renderer,
                       ExampleRenderer::Create(data.tokenizer, text.kind, text.train_on));
   ST_ASSIGN_OR_RETURN(data.examples, TokenizeDataset(ds, renderer, co, &data.report));
@@ -65,6 +70,17 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
   data.train_on = renderer.train_on();
   data.pad_id = pad_id;
   return data;
+}
+
+StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
+                                              const std::string& model_id,
+                                              const std::string& tokenizer_flag,
+                                              DatasetOptions dataset, int64_t max_seq_len,
+                                              const std::string& data_dir,
+                                              const TextOptions& text) {
+  ST_ASSIGN_OR_RETURN(RunTokenizer tok,
+                      LoadRunTokenizer(config, model_id, tokenizer_flag, data_dir));
+  return LoadInstructionData(tok, std::move(dataset), max_seq_len, data_dir, text);
 }
 
 TextOptions TextOf(const FinetuneOptions& o) {
@@ -236,9 +252,12 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   ST_RETURN_IF_ERROR(ApplyLora(o, &m));
   const bool from_dir = fs::is_directory(o.model_id);
+  // One tokenizer for the training and the evaluation split (a real one's tokenizer.json takes
+  // a while to parse; copies share it).
+  ST_ASSIGN_OR_RETURN(RunTokenizer tok,
+                      LoadRunTokenizer(m.config, o.model_id, o.tokenizer, o.data_dir));
   ST_ASSIGN_OR_RETURN(InstructionData data,
-                      LoadInstructionData(m.config, o.model_id, o.tokenizer, DatasetOf(o),
-                                          o.max_seq_len, o.data_dir, TextOf(o)));
+                      LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, TextOf(o)));
   const TokenizedSet& set = data.examples;
   const BatchingOptions batching = BatchingOf(o, data.pad_id);
   // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
@@ -255,8 +274,8 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
     DatasetOptions d = DatasetOf(o);
     if (!o.eval_dataset.empty()) d.path = o.eval_dataset;
     d.split = o.eval_split;
-    StatusOr<InstructionData> loaded = LoadInstructionData(m.config, o.model_id, o.tokenizer, d,
-                                                           o.max_seq_len, o.data_dir, TextOf(o));
+    StatusOr<InstructionData> loaded =
+        LoadInstructionData(tok, d, o.max_seq_len, o.data_dir, TextOf(o));
     if (!loaded.ok()) return loaded.status().WithContext("--eval-split " + o.eval_split);
     InstructionData e = std::move(*loaded);
     ST_RETURN_IF_ERROR(CheckDisjoint(data.report, o.dataset_split, e.report, o.eval_split));

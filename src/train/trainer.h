@@ -144,6 +144,20 @@ struct InstructionData {
   TrainOn train_on = TrainOn::kAll;                // resolved
   int32_t pad_id = 0;
 };
+// The run's tokenizer: --tokenizer, else the model directory's, else the bundled one (checksums
+// verified where listed); refused when it has more tokens than the model's vocabulary.
+struct RunTokenizer {
+  std::string dir;
+  Tokenizer tokenizer;
+};
+StatusOr<RunTokenizer> LoadRunTokenizer(const Gemma4Config& config, const std::string& model_id,
+                                        const std::string& tokenizer_flag,
+                                        const std::string& data_dir);
+// A split of the data set (dataset.path "" = the bundled one) tokenized with `tokenizer`.
+StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, DatasetOptions dataset,
+                                              int64_t max_seq_len, const std::string& data_dir,
+                                              const TextOptions& text = {});
+// Both: the tokenizer, then the split.
 StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& model_id,
                                               const std::string& tokenizer_flag,
