@@ -372,6 +372,41 @@ TEST(Recorder, WritesTensorBoardEvents) {
   fs::remove_all(storage);
 }
 
+// Every evaluation (--eval-steps inside an epoch, and the epoch end's) is in the dashboard's views:
+// /api/metrics' evals and the event stream's increments after a given step; a resume keeps those
+// up to its checkpoint.
+TEST(Recorder, EveryEvaluationReachesTheDashboardViews) {
+  const std::string storage = test::TempDir("observe_evals");
+  {
+    observe::RunRecorder rec;
+    rec.OnStart(TestRun(storage, "r"));
+    for (int64_t s = 1; s <= 6; ++s) {
+      rec.OnStep(TestStep(s, 4.0 - 0.5 * static_cast<double>(s)));
+      if (s % 2 == 0) {
+        EvalMetrics ev;
+        ev.step = s;
+        ev.epoch = (s - 1) / 3 + 1;
+        ev.eval_loss = 3.0 - 0.25 * static_cast<double>(s);
+        rec.OnEval(ev);
+      }
+    }
+    EXPECT_EQ(rec.Since(6, 2, 0)["evals"].size(), 3u);
+    EXPECT_EQ(rec.Since(6, 2, 2)["evals"].size(), 2u);
+    EXPECT_EQ(rec.Since(6, 2, 2)["evals"][0]["eval_loss"], 2.0);
+    EXPECT_EQ(rec.Since(6, 2, 6)["evals"].size(), 0u);
+    EXPECT_EQ(rec.MetricsJson(0)["evals"].size(), 3u);
+    EXPECT_EQ(rec.MetricsJson(4)["evals"].size(), 1u);
+    rec.Finish(Status::Ok());
+  }
+  observe::RunRecorder resumed;
+  resumed.OnStart(TestRun(storage, "r", /*first_epoch=*/1));  // from the step-3 checkpoint
+  const auto evals = resumed.MetricsJson(0)["evals"];
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0]["step"], 2);
+  resumed.Finish(Status::Ok());
+  fs::remove_all(storage);
+}
+
 // A resumed run writes a new event file whose second record is a SessionLog START at the step after
 // the checkpoint (the bytes SessionStartEvent makes, checked against tensorboard's own above), so
 // that TensorBoard drops what the interrupted run wrote after it; a fresh run writes none.
@@ -541,9 +576,19 @@ std::string StorageFixture() {
   fs::create_directories(fs::path(storage) / "not_a_run");
   observe::RunRecorder rec;
   rec.OnStart(TestRun(storage, "new_run"));
-  for (int64_t s = 1; s <= 6; ++s) rec.OnStep(TestStep(s, 3.0 - 0.1 * s));
-  rec.OnEpoch({1, 3, 2.8, 1, 1, 1, 0});
-  rec.OnEpoch({2, 6, 2.5, 1, 1, 1, 0});
+  // Evaluations every 2 steps (--eval-steps 2) and at the epoch ends: steps 2, 3, 4 and 6.
+  auto eval = [&](int64_t step) {
+    EvalMetrics ev;
+    ev.step = step;
+    ev.epoch = (step - 1) / 3 + 1;
+    ev.eval_loss = 3.1 - 0.1 * static_cast<double>(step);
+    rec.OnEval(ev);
+  };
+  for (int64_t s = 1; s <= 6; ++s) {
+    rec.OnStep(TestStep(s, 3.0 - 0.1 * s));
+    if (s % 2 == 0 || s % 3 == 0) eval(s);
+    if (s % 3 == 0) rec.OnEpoch({s / 3, s, s == 3 ? 2.8 : 2.5, 1, 1, 1, 0});
+  }
   const fs::path ck = fs::path(storage) / "new_run" / "checkpoint_2026-01-02_00-00-00.000001";
   fs::create_directories(ck);
   std::ofstream(ck / "trainer_state.json") << R"({"epoch": 2, "global_step": 6, "loss": 2.5})";
@@ -829,6 +874,11 @@ TEST(Dashboard, EventStreamDeliversStepsLiveAndEndsWithTheRun) {
   EXPECT_TRUE(wait_for("\"step\":1,"));
   rec.OnStep(TestStep(2, 2));  // pushed while the client listens
   EXPECT_TRUE(wait_for("\"step\":2,"));
+  EvalMetrics ev;
+  ev.step = 2;
+  ev.eval_loss = 1.75;
+  rec.OnEval(ev);
+  EXPECT_TRUE(wait_for("event: eval\ndata: {"));
   rec.OnEpoch({1, 3, 2.5, 1, 1, 1, 0});
   EXPECT_TRUE(wait_for("event: epoch"));
   rec.Finish(Status::Ok());
@@ -1155,7 +1205,21 @@ TEST(ObserveE2E, RunsCommandAndStoredDashboard) {
   const auto jobs = GetJson(c, "/api/jobs");
   ASSERT_TRUE(jobs.is_object());
   EXPECT_EQ(jobs["runs"].size(), 2u);
-  EXPECT_EQ(GetJson(c, "/api/metrics?run=new_run")["steps"].size(), 6u);
+  const auto metrics = GetJson(c, "/api/metrics?run=new_run");
+  EXPECT_EQ(metrics["steps"].size(), 6u);
+  EXPECT_EQ(metrics["evals"].size(), 4u);
+  // The page's loss chart: 6 steps, 2 epoch means and every evaluation (4), not only the epoch
+  // ends' (2).
+  if (Chromium().empty()) {
+    ADD_FAILURE() << "chromium is not installed (scripts/setup.sh installs it)";
+  } else {
+    const std::string dom = DumpDom(url + "?live=0#metrics", storage);
+    std::smatch pts;
+    const std::regex loss_points(R"x(<svg id="c-loss"[^>]*data-points="([0-9]+)")x");
+    ASSERT_TRUE(std::regex_search(dom, pts, loss_points)) << dom.substr(0, 4000);
+    EXPECT_EQ(std::stoi(pts[1]), 12) << dom.substr(0, 4000);
+    EXPECT_NE(dom.find(">eval loss<"), std::string::npos) << dom.substr(0, 4000);
+  }
   ::kill(dash.pid(), SIGTERM);
   EXPECT_EQ(dash.Wait(), 0) << dash.output();
   fs::remove_all(storage);

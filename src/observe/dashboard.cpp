@@ -282,7 +282,8 @@ void Dashboard::Routes() {
                    {"status", run.status},
                    {"num_epochs", run.num_epochs},
                    {"steps", log.steps},
-                   {"epochs", log.epochs}});
+                   {"epochs", log.epochs},
+                   {"evals", log.evals}});
   });
   s.Get("/events", [this](const httplib::Request& req, httplib::Response& res) {
     Touch();
@@ -291,13 +292,14 @@ void Dashboard::Routes() {
       return SendJson(res, {{"error", "no live run of that name: events exist for the live run"}},
                       404);
     struct Cursor {
-      int64_t step = 0, epoch = 0;
+      int64_t step = 0, epoch = 0, eval = 0;
       std::string status;
       uint64_t version = 0;
     };
     auto cur = std::make_shared<Cursor>();
     cur->step = IntParam(req, "since", 0);
     cur->epoch = IntParam(req, "since_epoch", 0);
+    cur->eval = IntParam(req, "since_eval", 0);
     res.set_header("Cache-Control", "no-store");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
@@ -306,7 +308,7 @@ void Dashboard::Routes() {
           cur->version = live_->WaitForChange(cur->version, 2000);
           if (stopping_) return false;
           Touch();
-          const nlohmann::json next = live_->Since(cur->step, cur->epoch);
+          const nlohmann::json next = live_->Since(cur->step, cur->epoch, cur->eval);
           std::string out;
           for (const auto& st : next["steps"]) {
             out += "event: step\ndata: " + st.dump() + "\n\n";
@@ -315,6 +317,10 @@ void Dashboard::Routes() {
           for (const auto& ep : next["epochs"]) {
             out += "event: epoch\ndata: " + ep.dump() + "\n\n";
             cur->epoch = ep.value("epoch", cur->epoch);
+          }
+          for (const auto& ev : next["evals"]) {
+            out += "event: eval\ndata: " + ev.dump() + "\n\n";
+            cur->eval = ev.value("step", cur->eval);
           }
           const std::string status = next.value("status", std::string());
           if (status != cur->status) {

@@ -86,8 +86,10 @@ void RunRecorder::OnStart(const RunInfo& run) {
   for (const auto& e : epochs_) jsonl_ << e.dump() << "\n";
   for (const auto* kept : {&old.evals, &old.samples})
     for (const auto& e : *kept)
-      if (run.resumed_step > 0 && e.value("step", int64_t{0}) <= run.resumed_step)
+      if (run.resumed_step > 0 && e.value("step", int64_t{0}) <= run.resumed_step) {
         jsonl_ << e.dump() << "\n";
+        if (kept == &old.evals) evals_.push_back(e);
+      }
   jsonl_.flush();
   if (tensorboard_) {
     // A new file per (re)start, as TensorBoard's writers do; the reader merges a directory's. A
@@ -219,6 +221,7 @@ void RunRecorder::OnEval(const EvalMetrics& eval) {
   nlohmann::json j = ToJson(eval);
   std::lock_guard<std::mutex> lock(mu_);
   AppendLocked(j);
+  evals_.push_back(j);
   WriteEventsLocked(eval.unix_time, eval.step,
                     {{"eval/loss", static_cast<float>(eval.eval_loss)},
                      {"eval/perplexity", static_cast<float>(std::exp(eval.eval_loss))}});
@@ -334,16 +337,28 @@ nlohmann::json RunRecorder::MetricsJson(int64_t since_step) const {
           {"steps_per_epoch", run_.steps_per_epoch},
           {"num_epochs", run_.num_epochs},
           {"steps", steps},
-          {"epochs", epochs}};
+          {"epochs", epochs},
+          {"evals", EvalsAfterLocked(since_step)}};
 }
 
-nlohmann::json RunRecorder::Since(int64_t since_step, int64_t since_epoch) const {
+nlohmann::json RunRecorder::EvalsAfterLocked(int64_t since_step) const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& e : evals_)
+    if (e.value("step", int64_t{0}) > since_step) out.push_back(e);
+  return out;
+}
+
+nlohmann::json RunRecorder::Since(int64_t since_step, int64_t since_epoch,
+                                  int64_t since_eval_step) const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t e = epochs_.size();
   while (e > 0 && epochs_[e - 1].value("epoch", int64_t{0}) > since_epoch) --e;
   nlohmann::json steps = StepsAfterLocked(since_step), epochs = nlohmann::json::array();
   for (; e < epochs_.size(); ++e) epochs.push_back(epochs_[e]);
-  return {{"status", status_}, {"steps", steps}, {"epochs", epochs}};
+  return {{"status", status_},
+          {"steps", steps},
+          {"epochs", epochs},
+          {"evals", EvalsAfterLocked(since_eval_step)}};
 }
 
 nlohmann::json RunRecorder::ClusterJson() const {

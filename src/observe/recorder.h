@@ -64,10 +64,11 @@ class RunRecorder : public TrainingObserver {
   uint64_t WaitForChange(uint64_t seen, int64_t timeout_ms) const;
 
   // JSON views for the dashboard (docs/observe.md).
-  nlohmann::json MetricsJson(int64_t since_step) const;  // {"steps": [...], "epochs": [...]}
-  // The step records with step > since_step and epoch records with epoch > since_epoch (the
-  // event stream's increments), and the status.
-  nlohmann::json Since(int64_t since_step, int64_t since_epoch) const;
+  // {"steps": [...], "epochs": [...], "evals": [...]}: the records after since_step.
+  nlohmann::json MetricsJson(int64_t since_step) const;
+  // The step records with step > since_step, epoch records with epoch > since_epoch and eval
+  // records with step > since_eval_step (the event stream's increments), and the status.
+  nlohmann::json Since(int64_t since_step, int64_t since_epoch, int64_t since_eval_step = 0) const;
   nlohmann::json ClusterJson() const;
   nlohmann::json RunJson() const;  // run.json's content
   // The latest values in the Prometheus text exposition format (version 0.0.4).
@@ -80,6 +81,7 @@ class RunRecorder : public TrainingObserver {
   void WriteEventsLocked(double wall_time, int64_t step, const std::vector<Scalar>& scalars);
   void KeepRecentLocked(nlohmann::json step);
   std::vector<nlohmann::json> StepsAfterLocked(int64_t since_step) const;
+  nlohmann::json EvalsAfterLocked(int64_t since_step) const;
   void StopHeartbeat();
 
   mutable std::mutex mu_;
@@ -94,6 +96,8 @@ class RunRecorder : public TrainingObserver {
   static constexpr size_t kRecentSteps = 256;
   std::deque<nlohmann::json> steps_;
   std::vector<nlohmann::json> epochs_;
+  std::vector<nlohmann::json>
+      evals_;  // --eval-split's records, every one (epoch ends and --eval-steps)
   bool has_last_ = false;
   StepMetrics last_;
   double tokens_total_ = 0, real_tokens_total_ = 0, comm_mib_total_ = 0, comm_s_total_ = 0;
