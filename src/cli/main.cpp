@@ -1,9 +1,9 @@
 // slicetrain: distributed fine-tuning of Gemma 4 models on multi-host slices, in C++.
 #include <malloc.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -148,10 +148,15 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   // A peer that dies closes its sockets; Gloo's TCP pairs write with writev, which raises SIGPIPE
   // on a closed connection and would kill this process silently before the collective can report
-  // which rank was lost (PeerKilled.SurvivorsReportItWithinTheTimeout/tcp). Ignored, the write
-  // fails with EPIPE and the error path names the peer. Writes to a closed stdout pipe then fail
-  // with EPIPE as well instead of ending the process, as in Python.
-  std::signal(SIGPIPE, SIG_IGN);
+  // which rank was lost (PeerKilled.SurvivorsReportItWithinTheTimeout/tcp). Caught, the write
+  // fails with EPIPE and the error path names the peer; writes to a closed stdout pipe fail the
+  // same way instead of ending the process, as in Python. A handler rather than SIG_IGN: exec
+  // resets it, so the programs this one starts get the default disposition back.
+  struct sigaction pipe_action {};
+  pipe_action.sa_handler = [](int) {};
+  pipe_action.sa_flags = SA_RESTART;
+  sigemptyset(&pipe_action.sa_mask);
+  sigaction(SIGPIPE, &pipe_action, nullptr);
   CLI::App app{"slicetrain: fine-tune Gemma 4 models over a slice of devices (CPU workers here)",
                "slicetrain"};
   app.require_subcommand(1);
