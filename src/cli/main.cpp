@@ -1,6 +1,5 @@
 // slicetrain: distributed fine-tuning of Gemma 4 models on multi-host slices, in C++.
 #include <malloc.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/group.h"
 #include "core/tensor.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "launch/cluster_env.h"
@@ -146,17 +146,10 @@ int main(int argc, char** argv) {
   // which it keeps: a checkpoint's per-tensor buffers then made a worker's RSS creep epoch after
   // epoch (Memory.WorkerMemoryIsFlatAcrossEpochs).
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-  // A peer that dies closes its sockets; Gloo's TCP pairs write with writev, which raises SIGPIPE
-  // on a closed connection and would kill this process silently before the collective can report
-  // which rank was lost (PeerKilled.SurvivorsReportItWithinTheTimeout/tcp). Caught, the write
-  // fails with EPIPE and the error path names the peer; writes to a closed stdout pipe fail the
-  // same way instead of ending the process, as in Python. A handler rather than SIG_IGN: exec
-  // resets it, so the programs this one starts get the default disposition back.
-  struct sigaction pipe_action {};
-  pipe_action.sa_handler = [](int) {};
-  pipe_action.sa_flags = SA_RESTART;
-  sigemptyset(&pipe_action.sa_mask);
-  sigaction(SIGPIPE, &pipe_action, nullptr);
+  // A dead peer's socket must fail a write with EPIPE, not end this process silently before the
+  // collective names the lost rank (PeerKilled.SurvivorsReportItWithinTheTimeout/tcp); writes to
+  // a closed stdout pipe fail the same way, as in Python.
+  st::comm::CatchSigpipe();
   CLI::App app{"slicetrain: fine-tune Gemma 4 models over a slice of devices (CPU workers here)",
                "slicetrain"};
   app.require_subcommand(1);

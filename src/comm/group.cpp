@@ -1,5 +1,6 @@
 #include "comm/group.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -90,6 +91,14 @@ StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(std::shared_ptr<Store
                                   "host, but ranks 0 and ", other,
                                   " run on different hosts; use auto or tcp"));
   return hier::CreateHierarchicalGroup(store, rank, size, hosts, opts);
+}
+
+void CatchSigpipe() {
+  struct sigaction a {};
+  a.sa_handler = [](int) {};
+  a.sa_flags = SA_RESTART;
+  sigemptyset(&a.sa_mask);
+  sigaction(SIGPIPE, &a, nullptr);
 }
 
 }  // namespace st::comm

@@ -45,6 +45,13 @@ struct GroupOptions {
 // different hosts even on one kernel).
 std::string HostIdentity();
 
+// Makes SIGPIPE a no-op for this process: a write to a closed socket (Gloo's TCP pairs write
+// with writev, e.g. to a peer that was just killed) then fails with EPIPE and the collective
+// reports the lost rank, instead of the signal ending the process silently. A handler rather
+// than SIG_IGN: exec resets it, so programs started later get the default back. Every process
+// that runs TCP groups calls it once, early (the binary's main, the test binaries).
+void CatchSigpipe();
+
 // Rendezvous of `size` ranks through `store` (keys under "pg/<name>/"); every rank of the group
 // calls it with the same name and transport. kAuto falls back to TCP, with one line on stderr,
 // when a shared segment cannot be set up (every rank then agrees on TCP).

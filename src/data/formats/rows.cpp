@@ -118,6 +118,12 @@ StatusOr<RowFile> RowFile::Open(const std::string& path, const std::string& json
   return f;
 }
 
+Status RowFile::ScanJson(const RawRecordFn& fn) const {
+  if (format_ == DataFormat::kJsonArray) return ScanJsonArray(path_, fn);
+  if (format_ == DataFormat::kJsonField) return ScanJsonField(path_, json_field_, fn);
+  return ScanJsonLines(path_, fn);
+}
+
 StatusOr<int64_t> RowFile::CountRows() const {
   if (parquet_) return parquet_->file.num_rows();
   // The scanners' record boundaries only: no record is parsed into JSON or a row built.
@@ -136,9 +142,7 @@ StatusOr<int64_t> RowFile::CountRows() const {
       ++n;
       return Status::Ok();
     };
-    s = format_ == DataFormat::kJsonArray   ? ScanJsonArray(path_, count)
-        : format_ == DataFormat::kJsonField ? ScanJsonField(path_, json_field_, count)
-                                            : ScanJsonLines(path_, count);
+    s = ScanJson(count);
   }
   if (!s.ok()) return s;
   return n;
@@ -205,12 +209,7 @@ Status RowFile::ForEach(int64_t begin, int64_t end, const std::vector<std::strin
         r.value = &rec;
       return fn(r);
     };
-    if (format_ == DataFormat::kJsonArray)
-      s = ScanJsonArray(path_, each);
-    else if (format_ == DataFormat::kJsonField)
-      s = ScanJsonField(path_, json_field_, each);
-    else
-      s = ScanJsonLines(path_, each);
+    s = ScanJson(each);
   }
   if (!s.ok() && !IsStopScan(s)) return s;
   return Status::Ok();

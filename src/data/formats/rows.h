@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/formats/json.h"
 
 namespace st {
 
@@ -58,6 +59,8 @@ class RowFile {
 
  private:
   RowFile() = default;
+  // The JSON formats' raw records (array, records under a field, or lines).
+  Status ScanJson(const RawRecordFn& fn) const;
   struct Parquet;
   std::string path_, json_field_;
   DataFormat format_ = DataFormat::kJsonLines;
