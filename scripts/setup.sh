@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang-format
-  libopenblas-openmp-dev
+  libopenblas-openmp-dev libdnnl-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libsentencepiece-dev sentencepiece libcurl4-openssl-dev libssl-dev libcpp-httplib-dev

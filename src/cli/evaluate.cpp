@@ -14,6 +14,7 @@
 #include "io/files.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
+#include "kernels/cpu/cpu_features.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "train/train_step.h"
@@ -36,6 +37,7 @@ struct EvaluateArgs {
   std::string chat_template = "auto", train_on = "auto";
   bool json = false;
   int threads = 0;  // 0 = OMP_NUM_THREADS, else the usable CPUs
+  std::string precision = "auto";  // --precision, resolved by cpu::ResolvePrecision
 };
 
 Status Run(const EvaluateArgs& a) {
@@ -63,6 +65,7 @@ Status Run(const EvaluateArgs& a) {
   // Forward only: one layer's activations at a time, the loss in tiles.
   EngineOptions forward_only;
   forward_only.training = false;
+  ST_ASSIGN_OR_RETURN(forward_only.precision, cpu::ResolvePrecision(a.precision));
   forward_only.lora = m.lora;
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len, forward_only));
   TextOptions text;
@@ -121,11 +124,12 @@ Status Run(const EvaluateArgs& a) {
   if (a.json)
     std::printf(
         "{\"loss\": %.6f, \"perplexity\": %.6f, \"tokens\": %lld, \"examples\": %lld, "
-        "\"peak_rss_mib\": %.1f}\n",
-        loss, std::exp(loss), (long long)tokens, (long long)set.size(), peak_mib);
+        "\"peak_rss_mib\": %.1f, \"precision\": \"%s\"}\n",
+        loss, std::exp(loss), (long long)tokens, (long long)set.size(), peak_mib,
+        PrecisionName(forward_only.precision));
   else
-    std::printf("loss=%.4f perplexity=%.4f tokens=%lld peak_rss=%.0fMiB\n", loss, std::exp(loss),
-                (long long)tokens, peak_mib);
+    std::printf("loss=%.4f perplexity=%.4f tokens=%lld peak_rss=%.0fMiB precision=%s\n", loss,
+                std::exp(loss), (long long)tokens, peak_mib, PrecisionName(forward_only.precision));
   return Status::Ok();
 }
 
@@ -161,6 +165,10 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--threads", a->threads,
                   "Compute threads (default: $OMP_NUM_THREADS, else the CPUs this process may "
                   "use, from its affinity mask and cgroup quota)");
+  cmd->add_option("--precision", a->precision,
+                  "auto, bf16 or fp32: the matmuls' operands (auto: bf16 where the CPU has bf16 "
+                  "dot products; a checkpoint trained in either evaluates in either)")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([&ctx, a] {
     Status st = Run(*a);

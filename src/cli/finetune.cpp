@@ -15,6 +15,7 @@
 #include "data/hub_dataset.h"
 #include "io/files.h"
 #include "io/model_loader.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "launch/cluster_env.h"
 #include "launch/resources.h"
@@ -144,6 +145,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.fsdp_units,
                                   "--activation-checkpointing",
                                   o.activation_checkpointing,
+                                  "--precision",
+                                  o.precision,
                                   "--freeze",
                                   o.freeze,
                                   "--lora-rank",
@@ -344,6 +347,15 @@ Status Run(FinetuneArgs& a, int* exit_code) {
         from_dir ? LoadGemma4Config(a.o.model_id + "/config.json") : PresetConfig(a.o.model_id);
     if (a.o.activation_checkpointing != "auto")
       ST_RETURN_IF_ERROR(ParseActivationCheckpointing(a.o.activation_checkpointing).status());
+    // auto becomes bf16 or fp32 here, once, so that the workers (started with the resolved
+    // value) and a launcher's ranks on other hosts never disagree on what they compute in.
+    {
+      std::string why;
+      ST_ASSIGN_OR_RETURN(const Precision p, cpu::ResolvePrecision(a.o.precision, &why));
+      if (a.o.precision == "auto" && p == Precision::kFp32 && (!env.is_worker() || env.rank == 0))
+        std::printf("Precision: fp32 (%s; bf16 would be emulated and slower)\n", why.c_str());
+      a.o.precision = PrecisionName(p);
+    }
     if (!cfg.ok() && a.dry_run) return cfg.status();
     if (cfg.ok()) {
       ParamRegistry registry = BuildParamRegistry(*cfg);
@@ -368,6 +380,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
         a.o.activation_checkpointing = ActivationCheckpointingName(
             ChooseCheckpointing(*cfg, registry, trainable.mask, shape, local, available));
       shape.checkpointing = *ParseActivationCheckpointing(a.o.activation_checkpointing);
+      shape.precision = *cpu::ResolvePrecision(a.o.precision);  // resolved above
       const WorkerMemoryEstimate estimate =
           EstimateWorkerMemory(*cfg, registry, trainable.mask, shape);
       if (a.dry_run) {
@@ -385,6 +398,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       if (a.dry_run || !env.is_worker() || env.local_rank == 0) {
         EngineOptions engine;
         engine.checkpointing = shape.checkpointing;
+        engine.precision = shape.precision;
         engine.lora = LoraSpecOf(registry);
         ST_RETURN_IF_ERROR(CheckActivationMemory(*cfg, shape.batch, shape.seq, engine));
         ST_RETURN_IF_ERROR(CheckHostMemory(estimate, local, available, a.o.model_id));
@@ -558,6 +572,11 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                   "auto, none, mlp or layer: activations the backward recomputes instead of "
                   "keeping (mlp: each MLP's intermediates; layer: all but each layer's input). "
                   "auto: the least recomputation the memory plan fits on this host")
+      ->capture_default_str();
+  cmd->add_option("--precision", o.precision,
+                  "auto, bf16 or fp32: the operands of every matmul (bf16: rounded to bf16, "
+                  "accumulated in fp32; master weights, optimizer, norms and loss stay fp32). "
+                  "auto: bf16 where the CPU has bf16 dot products (AMX-BF16, AVX512_BF16)")
       ->capture_default_str();
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the memory plan per worker and per host and exit (non-zero when the job "

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "io/model_loader.h"
+#include "kernels/cpu/cpu_features.h"
 #include "launch/resources.h"
 #include "model/config.h"
 #include "model/frozen_weights.h"
@@ -25,6 +26,7 @@ struct InfoArgs {
   int64_t batch_size = 4, max_seq_len = 64;
   std::string activation_checkpointing = "none";
   int threads = 1;
+  std::string precision = "auto";
 };
 
 double MiB(double bytes) {
@@ -82,6 +84,13 @@ Status Run(const InfoArgs& a) {
   ST_ASSIGN_OR_RETURN(shape.checkpointing,
                       ParseActivationCheckpointing(a.activation_checkpointing));
   shape.threads = std::max(1, a.threads);
+  std::string why;
+  ST_ASSIGN_OR_RETURN(shape.precision, cpu::ResolvePrecision(a.precision, &why));
+  const cpu::CpuFeatures& cpu = cpu::DetectCpu();
+  std::printf("compute: precision=%s (%s); CPU %s [%s], bf16 matmuls: %s\n",
+              PrecisionName(shape.precision), why.c_str(),
+              cpu.model.empty() ? "unknown" : cpu.model.c_str(), cpu::IsaName(cpu),
+              cpu::Bf16GemmIsa());
   shape.generated_weights = m.weights->Generated();
   const WorkerMemoryEstimate e = EstimateWorkerMemory(c, reg, trainable.mask, shape);
   // Frozen bytes left in the mapped files (a preset generates them instead).
@@ -115,6 +124,9 @@ void RegisterInfoCommand(CLI::App& app, Context& ctx) {
                   "none, mlp or layer, as finetune takes it")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads per worker (attention workspace)")
+      ->capture_default_str();
+  cmd->add_option("--precision", a->precision,
+                  "auto, bf16 or fp32, as finetune takes it (bf16 adds its operand copies)")
       ->capture_default_str();
   cmd->callback([&ctx, a] {
     Status st = Run(*a);

@@ -7,9 +7,11 @@
 #include "cli/commands.h"
 #include "core/rng.h"
 #include "io/model_loader.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "launch/resources.h"
 #include "model/gemma4.h"
+#include "train/progress.h"
 
 namespace st::cli {
 
@@ -20,15 +22,20 @@ struct StepOptions {
   int64_t batch = 4, seq = 256, steps = 3;
   int threads = 0;
   uint64_t seed = 42;
+  std::string precision = "auto";
 };
 
 Status RunStep(const StepOptions& o) {
   if (o.batch < 1 || o.seq < 2 || o.steps < 1)
     return InvalidArgument("--batch-size must be >= 1, --seq-len >= 2 and --steps >= 1");
   ST_RETURN_IF_ERROR(SetProcessThreads(o.threads));
+  std::string why;
+  ST_ASSIGN_OR_RETURN(const Precision precision, cpu::ResolvePrecision(o.precision, &why));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(o.model_id, o.seed));
   const Gemma4Config& c = m.config;
-  Gemma4Engine engine(c, o.batch, o.seq);
+  EngineOptions options;
+  options.precision = precision;
+  Gemma4Engine engine(c, o.batch, o.seq, options);
   // One process trains every tensor: the whole model in fp32, with a gradient for each. Refused up
   // front when that cannot fit, instead of being killed halfway through.
   const double need = 8.0 * static_cast<double>(m.registry.layout.total()) +
@@ -50,6 +57,7 @@ Status RunStep(const StepOptions& o) {
   std::printf("model=%s (%.2f M parameters) batch=%lldx%lld threads=%d activations=%.0f MiB\n",
               m.source.c_str(), m.registry.layout.total() / 1e6, (long long)o.batch,
               (long long)o.seq, cpu::NumThreads(), engine.ActivationBytes() / 1048576.0);
+  std::printf("Compute: %s\n", ComputeSummary(precision, cpu::NumThreads()).c_str());
   for (int64_t s = 0; s < o.steps; ++s) {
     for (auto& id : ids) id = 1 + static_cast<int32_t>(rng.Below(c.vocab_size - 1));
     const Batch batch{ids.data(), nullptr, ids.data(), o.batch, o.seq};
@@ -79,6 +87,10 @@ void RegisterStepCommand(CLI::App& app, Context& ctx) {
                   "Compute threads (0: $OMP_NUM_THREADS, else the CPUs this process may use)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed for the preset's initialisation and the batches")
+      ->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "auto, bf16 or fp32: the matmuls' operands (auto: bf16 where the CPU has bf16 "
+                  "dot products)")
       ->capture_default_str();
   cmd->callback([&ctx, o] {
     Status s = RunStep(*o);

@@ -14,6 +14,10 @@ const char* DTypeName(DType t) {
   return "?";
 }
 
+const char* PrecisionName(Precision p) {
+  return p == Precision::kBf16 ? "bf16" : "fp32";
+}
+
 float HalfToFloat(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;

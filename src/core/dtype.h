@@ -1,5 +1,5 @@
-// Element types that cross file and wire boundaries (f32, bf16, f16) and their conversions.
-// Compute is always fp32; bf16/f16 exist for storage (safetensors) and transport (FSDP gathers).
+// Element types that cross file and wire boundaries (f32, bf16, f16) and their conversions, and
+// the compute precision of the model's matrix products (Precision).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,12 @@
 namespace st {
 
 enum class DType { kF32, kBF16, kF16 };
+
+// The operands of the model's matrix products: kFp32 multiplies fp32 values; kBf16 rounds both
+// operands to bf16 and accumulates in fp32 (PyTorch autocast's recipe). Everything else (norms,
+// softmax, the loss, the residual stream, master weights, the optimizer) stays fp32 either way.
+enum class Precision { kFp32, kBf16 };
+const char* PrecisionName(Precision p);  // "fp32", "bf16"
 
 constexpr size_t DTypeSize(DType t) {
   return t == DType::kF32 ? 4 : 2;

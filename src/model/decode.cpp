@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "model/lora.h"
 
@@ -139,8 +140,14 @@ double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t c
 }
 
 Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
-                             const DecodeWeights& weights, int64_t capacity, int64_t chunk)
-    : cfg_(cfg), reg_(reg), w_(weights), capacity_(capacity), chunk_(std::min(chunk, capacity)) {
+                             const DecodeWeights& weights, int64_t capacity, int64_t chunk,
+                             Precision precision)
+    : cfg_(cfg),
+      reg_(reg),
+      w_(weights),
+      capacity_(capacity),
+      chunk_(std::min(chunk, capacity)),
+      precision_(precision) {
   ST_CHECK(capacity >= 1 && chunk >= 1) << "decoder capacity and chunk must be positive";
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_attention_heads, d = cfg_.hidden_size;
   const int64_t P = cfg_.hidden_size_per_layer_input;
@@ -186,6 +193,8 @@ Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
   if (w_.storage() == DType::kBF16)
     widen_.resize(static_cast<size_t>(
         cpu::Bf16ScratchFloats(std::max({d, H * Dmax, widest, std::max<int64_t>(P, 1)}))));
+  if (precision_ == Precision::kBf16 && w_.storage() == DType::kBF16)
+    x16_.resize(c * static_cast<size_t>(std::max({d, H * Dmax, widest, L * P})));
   pos_.resize(c);
 }
 
@@ -346,6 +355,16 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
 
 void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
                            float alpha) {
+  if (precision_ == Precision::kBf16 && n > 1) {  // a prompt chunk: one bf16 product
+    if (const uint16_t* w16 = w_.bf16(e)) {
+      cpu::RoundToBf16(x, n, in, in, x16_.data());
+      cpu::GemmBf16(cpu::Trans::kNo, cpu::Trans::kYes, n, out, in, alpha, x16_.data(), in, w16, in,
+                    0.0f, y, out);
+    } else {
+      cpu::LinearForwardMixed(x, w_.f32(e), y, n, in, out, alpha, false);
+    }
+    return;
+  }
   if (const float* w = w_.f32(e)) {
     cpu::LinearForward(x, w, y, n, in, out, alpha, false);
     return;

@@ -76,8 +76,11 @@ class Gemma4Decoder {
   // capacity: the most tokens one sequence may hold (prompt and generated); chunk: the most new
   // tokens one Append computes at once (longer inputs are split). `reg` and `weights` must
   // outlive the decoder.
+  // precision: of the prompt's matrix products (chunks of several tokens); bf16 rounds the
+  // activations to bf16 and multiplies bf16 weights as stored (oneDNN, no widening). One-token
+  // steps read each weight once and stay the matrix-vector kernel in either precision.
   Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg, const DecodeWeights& weights,
-                int64_t capacity, int64_t chunk = 128);
+                int64_t capacity, int64_t chunk = 128, Precision precision = Precision::kFp32);
 
   // Forgets every token (a new sequence).
   void Reset() { length_ = 0; }
@@ -119,6 +122,8 @@ class Gemma4Decoder {
   std::vector<float> ple_, proj_, ple_tok_;  // per-layer inputs [L, n, P]; [n, L*P] twice
   std::vector<float> scores_;                // [threads, capacity] attention scores
   std::vector<float> widen_;                 // [kBf16Rows, widest input] bf16 rows widened
+  Precision precision_;
+  std::vector<uint16_t> x16_;  // bf16 prefill: a chunk's input rounded [n, widest input]
   std::vector<int32_t> pos_;
 };
 

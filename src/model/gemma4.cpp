@@ -44,10 +44,23 @@ struct Ops {
         ns::CrossEntropyForward, ns::CrossEntropySoftcapBackward, ns::Add, ns::Scale        \
   }
 
-const Ops& OpsFor(Backend b) {
+// A backend's table with its Linear products in the given precision (every other op is fp32).
+Ops WithPrecision(Ops ops, decltype(&cpu::LinearForward) forward_bf16,
+                  decltype(&cpu::LinearBackward) backward_bf16) {
+  ops.LinearForward = forward_bf16;
+  ops.LinearBackward = backward_bf16;
+  return ops;
+}
+
+const Ops& OpsFor(Backend b, Precision p) {
   static const Ops cpu_ops = ST_OPS_OF(cpu);
   static const Ops ref_ops = ST_OPS_OF(ref);
-  return b == Backend::kRef ? ref_ops : cpu_ops;
+  static const Ops cpu_bf16 =
+      WithPrecision(cpu_ops, cpu::LinearForwardMixed, cpu::LinearBackwardMixed);
+  static const Ops ref_bf16 =
+      WithPrecision(ref_ops, ref::LinearForwardMixed, ref::LinearBackwardMixed);
+  if (b == Backend::kRef) return p == Precision::kBf16 ? ref_bf16 : ref_ops;
+  return p == Precision::kBf16 ? cpu_bf16 : cpu_ops;
 }
 #undef ST_OPS_OF
 
@@ -331,7 +344,7 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
   ST_CHECK(b.B >= 1 && b.B <= max_B_ && b.T >= 1 && b.T <= max_T_)
       << "batch [" << b.B << ", " << b.T << "] exceeds the planned [" << max_B_ << ", " << max_T_
       << "]";
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const int64_t N = b.B * b.T, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input, V = cfg_.vocab_size;
   const int32_t* ids = b.input_ids;
@@ -416,7 +429,7 @@ const int32_t* Gemma4Engine::DocumentStarts(const Batch& b) {
 
 void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
                                 const AttnMask& mask, ParamHooks* hooks) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const LayerParams& lp = reg_.layers[i];
   const ActivationPlan::LayerActs& a = plan_.layers[i];
   const int64_t B = b.B, T = b.T, N = B * T, d = cfg_.hidden_size;
@@ -479,7 +492,7 @@ void Gemma4Engine::LayerForward(int64_t i, const ParamTable& t, const Batch& b,
 }
 
 void Gemma4Engine::MlpForward(int64_t i, const ParamTable& t, int64_t N) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const LayerParams& lp = reg_.layers[i];
   const ActivationPlan::LayerActs& a = plan_.layers[i];
   const int64_t d = cfg_.hidden_size, F = cfg_.MlpWidth(i);
@@ -501,7 +514,7 @@ const float* Gemma4Engine::LoraInput(int e, const float* x, int64_t N, int64_t i
 
 void Gemma4Engine::Linear(const ParamTable& t, int e, const float* x, float* y, int64_t N,
                           int64_t in, int64_t out, float alpha) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   ops.LinearForward(x, t.param[e], y, N, in, out, alpha, false);
   const int A = reg_.lora_a[e], B = reg_.lora_b[e];
   if (A < 0) return;
@@ -514,7 +527,7 @@ void Gemma4Engine::Linear(const ParamTable& t, int e, const float* x, float* y, 
 void Gemma4Engine::LinearBack(const ParamTable& t, int e, const float* x, const float* dy,
                               float* dx, int64_t N, int64_t in, int64_t out, float alpha,
                               bool accumulate_dx) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   ops.LinearBackward(x, t.param[e], dy, dx, t.grad[e], N, in, out, alpha, accumulate_dx);
   const int A = reg_.lora_a[e], B = reg_.lora_b[e];
   if (A < 0 || (!dx && !t.grad[A] && !t.grad[B])) return;
@@ -566,7 +579,7 @@ void Gemma4Engine::ForEachHeadBlock(const ParamTable& t, Fn&& fn) {
 }
 
 void Gemma4Engine::HeadTile(const float* hv, const float* w, int64_t rows, int64_t c) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   float* y = Act(plan_.head_y);
   ops.LinearForward(hv, w, y, rows, cfg_.hidden_size, c, 1.0f, false);
   ops.SoftcapForward(y, rows * c, static_cast<float>(cfg_.final_logit_softcapping));
@@ -633,7 +646,7 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
     whole_logits_.resize(static_cast<size_t>(last_N_ * cfg_.vocab_size));
     ComputeLogits(t, whole_logits_.data());
     int64_t valid = 0;
-    return OpsFor(backend_).CrossEntropyForward(whole_logits_.data(), targets_.data(), last_N_,
+    return OpsFor(backend_, options_.precision).CrossEntropyForward(whole_logits_.data(), targets_.data(), last_N_,
                                                 cfg_.vocab_size, &valid);
   }
   if (Nv == 0) return 0.0;
@@ -648,8 +661,8 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
   std::fill(Act(plan_.head_zt), Act(plan_.head_zt) + Nv, 0.0f);
   if (const float* head = CachedHead(t)) {  // one tile: every row, the whole vocabulary
     const int64_t V = cfg_.vocab_size;
-    OpsFor(backend_).LinearForward(hv, head, Act(plan_.head_cache), Nv, d, V, 1.0f, false);
-    OpsFor(backend_).SoftcapForward(Act(plan_.head_cache), Nv * V,
+    OpsFor(backend_, options_.precision).LinearForward(hv, head, Act(plan_.head_cache), Nv, d, V, 1.0f, false);
+    OpsFor(backend_, options_.precision).SoftcapForward(Act(plan_.head_cache), Nv * V,
                                     static_cast<float>(cfg_.final_logit_softcapping));
     HeadRowsLse(Act(plan_.head_cache), 0, Nv, 0, V);
   } else {
@@ -675,7 +688,7 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
 // tile from the forward's log-sum-exp; into dhN (every row: zero where no target) and the head's
 // gradient.
 void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN, int64_t N) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const int64_t Nv = static_cast<int64_t>(rows_.size()), d = cfg_.hidden_size;
   if (options_.whole_logits || backend_ == Backend::kRef) {
     const int64_t V = cfg_.vocab_size;
@@ -725,7 +738,7 @@ void Gemma4Engine::ComputeLogits(const float* params, float* out) {
 
 void Gemma4Engine::ComputeLogits(const ParamTable& t, float* out) {
   // (Its own tile: the plan's may hold the forward's logits, which a later Backward reads.)
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const int64_t N = last_N_, d = cfg_.hidden_size, V = cfg_.vocab_size;
   const float* hN = Act(plan_.hN);
   std::vector<float> y;
@@ -742,7 +755,7 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
                             ParamHooks* hooks) {
   ST_CHECK(b.labels != nullptr) << "Backward needs labels";
   ST_CHECK(options_.training) << "Backward on an engine planned for the forward only";
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const int64_t N = b.B * b.T, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input;
   auto W = [&](int idx) { return t.param[idx]; };
@@ -797,7 +810,7 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
 
 void Gemma4Engine::LayerBackward(int64_t i, const ParamTable& t, const Batch& b,
                                  const AttnMask& mask, ParamHooks* hooks) {
-  const Ops& ops = OpsFor(backend_);
+  const Ops& ops = OpsFor(backend_, options_.precision);
   const LayerParams& lp = reg_.layers[i];
   const ActivationPlan::LayerActs& a = plan_.layers[i];
   const int64_t B = b.B, T = b.T, N = B * T, d = cfg_.hidden_size;
@@ -909,6 +922,46 @@ namespace {
 
 // The engine's bytes outside the activations proper: the head's tile of logits, the attention
 // kernels' per-thread and per-call scratch, RoPE tables, the targets and the head's row list.
+// The bf16 copies of the two operands of the largest Linear product (cpu::Gemm's per-thread
+// scratch in precision bf16). A product [rows, in] x [out, in]^T reads x and W forward, dy and W
+// for dx, dy^T and x for dW.
+double Bf16OperandBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int64_t N,
+                        const EngineOptions& o) {
+  double a = 0, b = 0;
+  auto product = [&](double rows, double in, double out) {
+    a = std::max({a, rows * in, o.training ? rows * out : 0.0});
+    b = std::max({b, out * in, o.training ? rows * in : 0.0});
+  };
+  const double n = static_cast<double>(N), d = static_cast<double>(cfg.hidden_size);
+  const double P = static_cast<double>(cfg.hidden_size_per_layer_input);
+  const double L = static_cast<double>(cfg.num_hidden_layers);
+  double widest = d;  // the widest input or output of an adapted product
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const double D = static_cast<double>(cfg.HeadDim(i));
+    widest = std::max({widest, static_cast<double>(cfg.num_attention_heads) * D,
+                       static_cast<double>(cfg.MlpWidth(i))});
+    product(n, d, static_cast<double>(cfg.num_attention_heads) * D);
+    product(n, d, static_cast<double>(cfg.KvHeads(i)) * D);
+    product(n, d, static_cast<double>(cfg.MlpWidth(i)));
+    product(n, static_cast<double>(cfg.MlpWidth(i)), d);
+    if (P > 0) product(n, d, P), product(n, P, d);
+  }
+  if (P > 0) product(n, d, L * P);
+  if (o.lora.rank > 0) {
+    const double R = static_cast<double>(o.lora.rank);
+    product(n, widest, R);
+    product(n, R, widest);
+  }
+  // The head: a tile of logits [rows, c] against a vocabulary block [c, d].
+  const double tile = static_cast<double>(plan.layout.entry(plan.head_y).numel);
+  const double c = plan.head_cache >= 0
+                       ? static_cast<double>(cfg.vocab_size)
+                       : static_cast<double>(std::min(cfg.vocab_size, kHeadBlock));
+  a = std::max({a, tile, std::min(n, static_cast<double>(kHeadRows)) * d});
+  b = std::max(b, c * d);
+  return 2.0 * (a + b);
+}
+
 double WorkspaceBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int64_t B, int64_t T,
                       const EngineOptions& options, int threads) {
   double bytes = static_cast<double>(plan.layout.entry(plan.head_y).numel) * sizeof(float);
@@ -923,6 +976,7 @@ double WorkspaceBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int64
                                           std::max(1, threads));
   bytes += static_cast<double>(T) * static_cast<double>(sliding_d + full_d) * sizeof(float);
   bytes += static_cast<double>(B * T) * 2 * sizeof(int32_t);
+  if (options.precision == Precision::kBf16) bytes += Bf16OperandBytes(cfg, plan, B * T, options);
   return bytes;
 }
 

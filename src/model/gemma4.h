@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/attn_mask.h"
@@ -90,6 +91,10 @@ struct EngineOptions {
   // The loss from the whole [B*T, V] logits and the backend's plain cross-entropy kernels instead
   // of tiles: the oracle tests compare the tiled head with (always so for Backend::kRef).
   bool whole_logits = false;
+  // The operands of every Linear product (projections, MLP, PLE, the LM head's tiles, LoRA's A
+  // and B), forward and backward: kBf16 rounds them to bf16 and accumulates in fp32. Norms, RoPE,
+  // attention, softmax, the loss and the residual stream are fp32 in both.
+  Precision precision = Precision::kFp32;
   // LoRA adapters on the Linear weights (model/lora.h): the engine's registry is the base
   // registry plus these, and every adapted Linear adds s * dropout(x) A^T B^T to its output.
   LoraSpec lora;

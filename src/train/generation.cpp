@@ -153,7 +153,7 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
 
 Conversation::Conversation(const TextGenerator& g, int64_t capacity, int64_t chunk)
     : g_(g),
-      decoder_(g.model.config, g.model.registry, *g.weights, capacity, chunk),
+      decoder_(g.model.config, g.model.registry, *g.weights, capacity, chunk, g.precision),
       logits_(static_cast<size_t>(g.model.config.vocab_size)) {}
 
 void Conversation::Reset() {

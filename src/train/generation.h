@@ -52,6 +52,8 @@ struct TextGenerator {
   int32_t end_of_turn = -1;
   // Tokens a conversation may hold: Load's capacity, or (0) 4096 capped at the model's positions.
   int64_t capacity = 0;
+  // The prompt's matrix products (Gemma4Decoder): fp32, or bf16 (generate --precision).
+  Precision precision = Precision::kFp32;
 
   // model_id: a directory or preset (resolved already); adapter: a PEFT adapter directory or "";
   // tokenizer: a path or "" (the model directory's, else the bundled one in data_dir).

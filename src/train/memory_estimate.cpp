@@ -73,6 +73,7 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   EngineOptions engine;
   engine.checkpointing = shape.checkpointing;
   engine.lora = LoraSpecOf(registry);
+  engine.precision = shape.precision;
   const double engine_bytes =
       EstimateActivationBytes(config, shape.batch, shape.seq, engine, shape.threads);
   e.workspace = EstimateWorkspaceBytes(config, shape.batch, shape.seq, engine, shape.threads);
@@ -93,7 +94,10 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
       {StrCat("activations (--activation-checkpointing ",
               ActivationCheckpointingName(shape.checkpointing), ")"),
        e.activations},
-      {"workspace (attention blocks, loss tiles, frozen head block, checkpoint writer)",
+      {shape.precision == Precision::kBf16
+           ? "workspace (attention blocks, loss tiles, bf16 matmul operands, frozen head block, "
+             "checkpoint writer)"
+           : "workspace (attention blocks, loss tiles, frozen head block, checkpoint writer)",
        e.workspace},
       {"runtime (binary, libraries, thread and communication buffers)", e.runtime},
   };

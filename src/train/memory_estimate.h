@@ -56,6 +56,8 @@ struct WorkerShape {
   // --gradient-accumulation-steps: above 1, every unit's unsharded gradient is kept between the
   // micro-batches (FsdpModel::Micro); 1 with --sync-each-batch, which keeps none.
   int64_t accumulation = 1;
+  // --precision as resolved: bf16 adds the bf16 copies of the largest product's operands.
+  Precision precision = Precision::kFp32;
 };
 
 // One worker of shape.world with a per-worker batch of shape.batch x shape.seq tokens.

@@ -51,6 +51,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"checkpoint_score_order", o.score_order},
           {"fsdp_units", o.fsdp_units},
           {"activation_checkpointing", o.activation_checkpointing},
+          {"precision", o.precision},
           {"freeze", o.freeze},
           {"lora_rank", o.lora_rank},
           {"lora_alpha", o.lora_alpha},

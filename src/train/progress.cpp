@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace st {
 
 namespace {
@@ -44,6 +46,17 @@ std::string SeedMetrics(const EpochMetrics& e) {
 
 }  // namespace
 
+std::string ComputeSummary(Precision p, int threads) {
+  const cpu::CpuFeatures& f = cpu::DetectCpu();
+  const std::string how = p == Precision::kBf16
+                              ? StrCat("bf16 matmuls on ", cpu::Bf16GemmIsa(),
+                                       " with fp32 accumulation, fp32 master weights")
+                              : std::string("fp32 matmuls");
+  return StrCat("precision=", PrecisionName(p), " (", how, "); CPU ",
+                f.model.empty() ? std::string("unknown") : f.model, " [", cpu::IsaName(f), "], ",
+                threads, threads == 1 ? " thread" : " threads", " per worker");
+}
+
 ProgressReporter::ProgressReporter(int rank, std::string mode, int64_t num_epochs,
                                    TrainingObserver* observer)
     : rank_(rank), mode_(std::move(mode)), num_epochs_(num_epochs), observer_(observer) {}
@@ -66,6 +79,7 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
       (long long)s.truncated, split.c_str(), s.layout.c_str(), (long long)s.steps_per_epoch,
       s.world, (long long)s.batch_size_per_device, micro.c_str(), s.lr, s.lr_schedule.c_str(),
       s.trainable_parameters / 1e6, s.frozen_parameters / 1e6);
+  if (!s.compute.empty()) std::printf("Compute: %s\n", s.compute.c_str());
   if (!s.adapters.empty()) {
     const double all = static_cast<double>(s.trainable_parameters + s.frozen_parameters);
     std::printf("%s: trainable params: %lld || all params: %.0f || trainable%%: %.4f\n",

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
 #include "train/step_metrics.h"
 #include "train/train_state.h"
 #include "train/train_step.h"
@@ -32,7 +33,13 @@ struct SetupSummary {
   // A LoRA run's adapters, as PEFT's print_trainable_parameters would summarise them:
   // "LoRA r=16, alpha=32 (scaling 2) on 70 modules (q_proj,v_proj)"; "" for full fine-tuning.
   std::string adapters;
+  // "precision=bf16 (AVX512-BF16 bf16 matmuls, fp32 master weights), CPU AMD EPYC 9B14, 1
+  // thread per worker" (ComputeSummary).
+  std::string compute;
 };
+
+// The compute line's text for a run in precision p with `threads` threads per worker.
+std::string ComputeSummary(Precision p, int threads);
 
 // The end-of-run memory line's figures, per worker.
 struct MemoryReport {

@@ -18,6 +18,8 @@
 #include "io/files.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/ops_cpu.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
 #include "train/adamw.h"
@@ -136,6 +138,7 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     return InvalidArgument("--fsdp-units must be 'mlp' or 'layer', got '" + o.fsdp_units + "'");
   if (o.activation_checkpointing != "auto")
     ST_RETURN_IF_ERROR(ParseActivationCheckpointing(o.activation_checkpointing).status());
+  ST_RETURN_IF_ERROR(cpu::ResolvePrecision(o.precision).status());
   ST_RETURN_IF_ERROR(ParseTemplateKind(o.chat_template).status());
   ST_RETURN_IF_ERROR(ParseTrainOn(o.train_on).status());
   if (o.packing != "truncate" && o.packing != "split" && o.packing != "off")
@@ -320,6 +323,8 @@ EngineOptions EngineOptionsOf(const FinetuneOptions& o, const LoadedModel& m) {
   e.lora = m.lora;
   StatusOr<ActivationCheckpointing> c = ParseActivationCheckpointing(o.activation_checkpointing);
   if (c.ok()) e.checkpointing = *c;
+  StatusOr<Precision> p = cpu::ResolvePrecision(o.precision);  // checked in ValidateOptions
+  if (p.ok()) e.precision = *p;
   return e;
 }
 
@@ -492,6 +497,7 @@ SetupSummary Trainer::Summary() const {
   s.lr_schedule = schedule_.Describe();
   s.trainable_parameters = TrainableParameters();
   s.frozen_parameters = in_.trainable.frozen;
+  s.compute = ComputeSummary(engine_.options().precision, cpu::NumThreads());
   if (const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o_)) {
     char buf[256];
     std::snprintf(buf, sizeof(buf), "LoRA r=%lld, alpha=%g (scaling %g%s) on %zu modules (%s)",

@@ -100,6 +100,9 @@ struct FinetuneOptions {
   // none | mlp | layer; "auto" (the CLI's default) is resolved by the memory plan before workers
   // start: the least recomputation that fits.
   std::string activation_checkpointing = "auto";
+  // The Linear products' operands: auto (bf16 where the CPU has bf16 dot products) | bf16 | fp32.
+  // The CLI resolves auto before workers start, so every rank computes alike.
+  std::string precision = "auto";
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   // LoRA (PEFT's LoraConfig): rank 0 = full fine-tuning. With a rank the base model is frozen and
   // only the adapters train; checkpoints are PEFT adapter directories.

@@ -14,6 +14,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/fastmath.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/gelu.h"
 
 namespace st::cpu {
@@ -144,6 +145,24 @@ void LinearBackward(const float* x, const float* w, const float* dy, float* dx, 
   if (dw)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, alpha, dy, out, x, in, 1.0f,
                 dw, in);
+}
+
+void LinearForwardMixed(const float* x, const float* w, float* y, int64_t N, int64_t in,
+                        int64_t out, float alpha, bool accumulate) {
+  if (N == 0 || out == 0) return;
+  Gemm(Precision::kBf16, Trans::kNo, Trans::kYes, N, out, in, alpha, x, in, w, in,
+       accumulate ? 1.0f : 0.0f, y, out);
+}
+
+void LinearBackwardMixed(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         int64_t N, int64_t in, int64_t out, float alpha, bool accumulate_dx) {
+  if (N == 0) return;
+  if (dx)
+    Gemm(Precision::kBf16, Trans::kNo, Trans::kNo, N, in, out, alpha, dy, out, w, in,
+         accumulate_dx ? 1.0f : 0.0f, dx, in);
+  if (dw)
+    Gemm(Precision::kBf16, Trans::kYes, Trans::kNo, out, in, N, alpha, dy, out, x, in, 1.0f, dw,
+         in);
 }
 
 void EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/gelu.h"
 
@@ -41,6 +42,36 @@ void LinearBackward(const float* x, const float* w, const float* dy, float* dx, 
       }
     }
   }
+}
+
+namespace {
+// A copy of x[n] rounded to bf16 and widened back (empty for a null x).
+std::vector<float> RoundedCopy(const float* x, int64_t n) {
+  std::vector<float> r;
+  if (!x) return r;
+  r.resize(n);
+  for (int64_t i = 0; i < n; ++i) r[i] = BF16ToFloat(FloatToBF16(x[i]));
+  return r;
+}
+const float* DataOrNull(const std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+}  // namespace
+
+// The operands rounded to bf16, then the exact (double-accumulated) products above.
+void LinearForwardMixed(const float* x, const float* w, float* y, int64_t N, int64_t in,
+                        int64_t out, float alpha, bool accumulate) {
+  const std::vector<float> xr = RoundedCopy(x, N * in), wr = RoundedCopy(w, out * in);
+  LinearForward(xr.data(), wr.data(), y, N, in, out, alpha, accumulate);
+}
+
+void LinearBackwardMixed(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         int64_t N, int64_t in, int64_t out, float alpha, bool accumulate_dx) {
+  const std::vector<float> xr = RoundedCopy(dw ? x : nullptr, N * in);
+  const std::vector<float> wr = RoundedCopy(dx ? w : nullptr, out * in);
+  const std::vector<float> dyr = RoundedCopy(dy, N * out);
+  LinearBackward(DataOrNull(xr), DataOrNull(wr), dyr.data(), dx, dw, N, in, out, alpha,
+                 accumulate_dx);
 }
 
 void EmbeddingForward(const int32_t* ids, const float* table, float* out, int64_t N, int64_t C,

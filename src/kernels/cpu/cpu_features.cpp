@@ -1,0 +1,117 @@
+#include "kernels/cpu/cpu_features.h"
+
+#include <cpuid.h>
+
+#include <algorithm>
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+
+namespace st::cpu {
+
+namespace {
+
+CpuFeatures Read() {
+  CpuFeatures f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  bool os_avx = false, os_avx512 = false;
+  if (max_leaf >= 1 && __get_cpuid(1, &a, &b, &c, &d)) {
+    f.fma = (c >> 12) & 1;
+    const bool osxsave = (c >> 27) & 1;
+    if (osxsave) {
+      // XCR0: the OS saves YMM (bits 1-2) and ZMM/opmask state (bits 5-7) on context switches.
+      unsigned lo = 0, hi = 0;
+      __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+      os_avx = (lo & 0x6) == 0x6;
+      os_avx512 = os_avx && (lo & 0xe0) == 0xe0;
+    }
+  }
+  if (max_leaf >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = os_avx && ((b >> 5) & 1);
+    f.avx512f = os_avx512 && ((b >> 16) & 1);
+    f.avx512bw = f.avx512f && ((b >> 30) & 1);
+    f.avx512vl = f.avx512f && ((b >> 31) & 1);
+    f.amx_bf16 = (d >> 22) & 1;  // the OS grants the tile state per process (oneDNN asks for it)
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512_bf16 = f.avx512f && ((a >> 5) & 1);
+  }
+  unsigned ext = __get_cpuid_max(0x80000000u, nullptr);
+  if (ext >= 0x80000004u) {
+    char brand[49] = {};
+    for (unsigned leaf = 0; leaf < 3; ++leaf) {
+      __get_cpuid(0x80000002u + leaf, &a, &b, &c, &d);
+      std::memcpy(brand + 16 * leaf + 0, &a, 4);
+      std::memcpy(brand + 16 * leaf + 4, &b, 4);
+      std::memcpy(brand + 16 * leaf + 8, &c, 4);
+      std::memcpy(brand + 16 * leaf + 12, &d, 4);
+    }
+    f.model = brand;
+    // Brand strings are padded with spaces at either end.
+    f.model.erase(0, f.model.find_first_not_of(' '));
+    f.model.erase(f.model.find_last_not_of(' ') + 1);
+  }
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& DetectCpu() {
+  static const CpuFeatures features = Read();
+  return features;
+}
+
+const char* IsaName(const CpuFeatures& f) {
+  if (f.amx_bf16) return "AMX-BF16";
+  if (f.avx512_bf16) return "AVX512-BF16";
+  if (f.avx512f) return "AVX-512";
+  if (f.avx2) return "AVX2";
+  return "SSE";
+}
+
+const char* Bf16GemmIsa() {
+  // The effective ISA is the CPU's, capped by ONEDNN_MAX_CPU_ISA / dnnl::set_max_cpu_isa.
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  const CpuFeatures& f = DetectCpu();
+  if (isa == dnnl::cpu_isa::avx512_core_amx && f.amx_bf16) return "AMX";
+  if ((isa == dnnl::cpu_isa::avx512_core_amx || isa == dnnl::cpu_isa::avx512_core_bf16) &&
+      f.avx512_bf16)
+    return "AVX512-BF16";
+  // Sapphire Rapids has avx512_bf16 too, so AMX capped at avx512_core_bf16 lands above.
+  return "none";
+}
+
+bool HasNativeBf16Gemm() {
+  return std::strcmp(Bf16GemmIsa(), "none") != 0;
+}
+
+StatusOr<Precision> ResolvePrecision(const std::string& name, std::string* why) {
+  auto say = [&](std::string s) {
+    if (why) *why = std::move(s);
+  };
+  if (name == "fp32") {
+    say("fp32: asked for");
+    return Precision::kFp32;
+  }
+  if (name == "bf16") {
+    if (!HasNativeBf16Gemm())
+      return InvalidArgument(std::string("--precision bf16: this CPU (") + IsaName(DetectCpu()) +
+                             ", " + (DetectCpu().model.empty() ? "unknown model" : DetectCpu().model) +
+                             ") has no bf16 dot-product instructions (AVX512_BF16 or AMX-BF16) that "
+                             "oneDNN may use, so bf16 would run emulated and slower than fp32; use "
+                             "--precision fp32 (or auto)");
+    say(std::string("bf16: asked for, ") + Bf16GemmIsa());
+    return Precision::kBf16;
+  }
+  if (name == "auto") {
+    if (HasNativeBf16Gemm()) {
+      say(std::string("auto: ") + Bf16GemmIsa() + " bf16 dot products");
+      return Precision::kBf16;
+    }
+    say(std::string("auto: no bf16 dot products on this CPU (") + IsaName(DetectCpu()) + ")");
+    return Precision::kFp32;
+  }
+  return InvalidArgument("--precision '" + name + "' is not one of auto, bf16, fp32");
+}
+
+}  // namespace st::cpu

@@ -1,0 +1,213 @@
+#include "kernels/cpu/gemm.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace st::cpu {
+
+namespace {
+
+// ---- fp32 -> bf16 rounding ------------------------------------------------------------------
+
+// Portable: round to nearest even in integer arithmetic (vectorised for whatever the build
+// targets); NaN stays a quiet NaN.
+void RoundRowPortable(const float* src, uint16_t* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBF16(src[i]);
+}
+
+// AVX512-BF16: VCVTNEPS2BF16 rounds 16 floats to nearest even in one instruction (it treats
+// denormal inputs as zero, which no training value of ours is). Compiled for that ISA alone and
+// called only where cpuid says the CPU has it.
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void RoundRowAvx512Bf16(
+    const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(h));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+    _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<const __m256i&>(h));
+  }
+}
+
+using RoundRowFn = void (*)(const float*, uint16_t*, int64_t);
+RoundRowFn PickRoundRow() {
+  const CpuFeatures& f = DetectCpu();
+  return f.avx512_bf16 && f.avx512vl && f.avx512bw ? RoundRowAvx512Bf16 : RoundRowPortable;
+}
+
+// ---- oneDNN matmul primitives, cached per thread --------------------------------------------
+
+struct Key {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  uint32_t alpha_bits, beta_bits;
+  bool operator==(const Key&) const = default;
+};
+
+struct Entry {
+  Key key;
+  dnnl::matmul prim;
+  dnnl::memory a, b, c;  // descriptors bound to the primitive; data handles set per call
+  uint64_t last_use = 0;
+};
+
+// Enough for every shape of a step (a decoder layer has about ten products, forward and
+// backward, plus the head's tiles and the LoRA products); a run whose shapes keep changing
+// (the head's last tile) evicts the least recently used entry instead of growing.
+constexpr size_t kMaxEntries = 256;
+
+struct ThreadState {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::vector<std::unique_ptr<Entry>> entries;
+  uint64_t clock = 0;
+  int64_t created = 0;
+  // Conversion scratch for A and B; grows to the largest product seen, then stays.
+  std::vector<uint16_t> a16, b16;
+};
+
+ThreadState& State() {
+  thread_local ThreadState state;
+  return state;
+}
+
+dnnl::memory::desc Desc(dnnl::memory::data_type t, int64_t rows, int64_t cols, bool trans,
+                        int64_t ld) {
+  // op(X) is [rows, cols]; stored transposed, its element (r, c) is at c * ld + r.
+  return dnnl::memory::desc({rows, cols}, t,
+                            trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
+}
+
+Entry& Lookup(ThreadState& s, const Key& k, float alpha, float beta) {
+  ++s.clock;
+  for (auto& e : s.entries)
+    if (e->key == k) {
+      e->last_use = s.clock;
+      return *e;
+    }
+  using dt = dnnl::memory::data_type;
+  const auto a = Desc(dt::bf16, k.M, k.K, k.ta, k.lda);
+  const auto b = Desc(dt::bf16, k.K, k.N, k.tb, k.ldb);
+  const auto c = Desc(dt::f32, k.M, k.N, false, k.ldc);
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->key = k;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, s.engine);
+    entry->prim = dnnl::matmul(pd);
+  } catch (const dnnl::error& e) {
+    ST_CHECK(false) << "oneDNN bf16 matmul M=" << k.M << " N=" << k.N << " K=" << k.K
+                    << " has no implementation: " << e.what();
+  }
+  entry->a = dnnl::memory(a, s.engine, DNNL_MEMORY_NONE);
+  entry->b = dnnl::memory(b, s.engine, DNNL_MEMORY_NONE);
+  entry->c = dnnl::memory(c, s.engine, DNNL_MEMORY_NONE);
+  entry->last_use = s.clock;
+  ++s.created;
+  if (s.entries.size() >= kMaxEntries) {
+    auto oldest = std::min_element(s.entries.begin(), s.entries.end(), [](auto& x, auto& y) {
+      return x->last_use < y->last_use;
+    });
+    *oldest = std::move(entry);
+    return **oldest;
+  }
+  s.entries.push_back(std::move(entry));
+  return *s.entries.back();
+}
+
+}  // namespace
+
+void RoundToBf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+  static const RoundRowFn round_row = PickRoundRow();
+  if (rows <= 0 || cols <= 0) return;
+  if (ld == cols) {  // one contiguous run, split evenly over the threads
+    const int64_t n = rows * cols;
+    constexpr int64_t kChunk = 1 << 14;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i0 = c * kChunk;
+      round_row(src + i0, dst + i0, std::min(kChunk, n - i0));
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) round_row(src + r * ld, dst + r * cols, cols);
+}
+
+void GemmBf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+              int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // no products: C = beta * C
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
+    return;
+  }
+  ThreadState& s = State();
+  const Key key{M, N, K, lda, ldb, ldc, ta == Trans::kYes, tb == Trans::kYes,
+                FloatBits(alpha), FloatBits(beta)};
+  Entry& e = Lookup(s, key, alpha, beta);
+  // oneDNN only reads A and B; its C API takes non-const handles.
+  ST_CHECK(dnnl_memory_set_data_handle(e.a.get(), const_cast<uint16_t*>(A)) == dnnl_success);
+  ST_CHECK(dnnl_memory_set_data_handle(e.b.get(), const_cast<uint16_t*>(B)) == dnnl_success);
+  ST_CHECK(dnnl_memory_set_data_handle(e.c.get(), C) == dnnl_success);
+  // The C API with arguments on the stack: the C++ execute() builds an unordered_map per call.
+  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e.a.get()},
+                             {DNNL_ARG_WEIGHTS, e.b.get()},
+                             {DNNL_ARG_DST, e.c.get()}};
+  const dnnl_status_t st = dnnl_primitive_execute(e.prim.get(), s.stream.get(), 3, args);
+  ST_CHECK(st == dnnl_success) << "oneDNN matmul failed with status " << static_cast<int>(st);
+}
+
+void Gemm(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (p == Precision::kFp32) {
+    cblas_sgemm(CblasRowMajor, ta == Trans::kYes ? CblasTrans : CblasNoTrans,
+                tb == Trans::kYes ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc);
+    return;
+  }
+  // Pack each operand as stored (rows x cols of its storage), rounding to bf16; the packed copy
+  // keeps the transposition, which oneDNN reads through strides.
+  ThreadState& s = State();
+  const int64_t a_rows = ta == Trans::kYes ? K : M, a_cols = ta == Trans::kYes ? M : K;
+  const int64_t b_rows = tb == Trans::kYes ? N : K, b_cols = tb == Trans::kYes ? K : N;
+  if (static_cast<int64_t>(s.a16.size()) < a_rows * a_cols) s.a16.resize(a_rows * a_cols);
+  if (static_cast<int64_t>(s.b16.size()) < b_rows * b_cols) s.b16.resize(b_rows * b_cols);
+  RoundToBf16(A, a_rows, a_cols, lda, s.a16.data());
+  RoundToBf16(B, b_rows, b_cols, ldb, s.b16.data());
+  GemmBf16(ta, tb, M, N, K, alpha, s.a16.data(), a_cols, s.b16.data(), b_cols, beta, C, ldc);
+}
+
+size_t GemmScratchBytes() {
+  const ThreadState& s = State();
+  return (s.a16.capacity() + s.b16.capacity()) * sizeof(uint16_t);
+}
+
+int64_t GemmPrimitivesCreated() {
+  return State().created;
+}
+
+}  // namespace st::cpu
