@@ -9,7 +9,7 @@
 
 #include "io/safetensors.h"
 #include "test_util.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 #include "train/lr_schedule.h"
 
 namespace st {

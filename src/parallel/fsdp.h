@@ -36,7 +36,7 @@
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
 #include "model/weights.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 
 namespace st {
 

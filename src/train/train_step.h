@@ -13,7 +13,7 @@
 #include "data/batching.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 #include "train/step_metrics.h"
 #include "train/train_state.h"
 

@@ -22,7 +22,7 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "model/gemma4.h"
 #include "parallel/fsdp.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
 #include "train/generation.h"

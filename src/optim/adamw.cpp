@@ -1,4 +1,4 @@
-#include "train/adamw.h"
+#include "optim/adamw.h"
 
 #include <cmath>
 
