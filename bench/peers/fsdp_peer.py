@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch FSDP2 peer of slicetrain's fine-tuning step (bench/finetune_vs_pytorch.sh runs both).
 
-The seed's recipe on CPU: Gemma4ForCausalLM built from the same config.json slicetrain uses,
-eager attention, embed_tokens_per_layer frozen and ignored, fully_shard on every layer's MLP then
-on the model, MixedPrecisionPolicy(param_dtype, reduce_dtype=float32), AdamW(lr=2e-5, wd=0.01),
-gloo process group, one process per worker with cores / workers threads each. Random token
-batches of [batch, seq] per worker (no padding). Prints one line per worker count:
+The seed's recipe on CPU in the strongest configuration PyTorch users would pick: Gemma4ForCausalLM
+built from the same config.json slicetrain uses, attn_implementation="sdpa" (--attn eager for the
+old baseline), forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) where the CPU has
+bf16 instructions (avx512_bf16 or amx_bf16; --autocast off|bf16 forces it), embed_tokens_per_layer
+frozen and ignored, fully_shard on every layer's MLP then on the model,
+MixedPrecisionPolicy(param_dtype, reduce_dtype=float32), AdamW(lr=2e-5, wd=0.01), gloo process
+group, one process per worker with cores / workers threads each. torch.compile is not used: with
+FSDP2 on CPU and gloo it compiled for minutes per shape without a faster step in our tries (--compile
+turns it on for a run). Random token batches of [batch, seq] per worker (no padding). Prints one line
+per worker count:
   workers=N tokens/s=... step_s=... peak_rss_mib=...
 Usage: tools/.venv/bin/python bench/peers/fsdp_peer.py --config DIR --workers 1 2 4
 """
@@ -29,13 +34,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def worker(rank: int, world: int, args, port: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = AutoConfig.from_pretrained(args.config)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=args.attn, dtype=torch.float32)
     model.config.use_cache = False
     text = model.model
     text.embed_tokens_per_layer.requires_grad_(False)
@@ -48,6 +62,9 @@ def worker(rank: int, world: int, args, port: int, queue) -> None:
                 ignored_params=set(text.embed_tokens_per_layer.parameters()))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5,
                             weight_decay=0.01)
+    if args.compile:
+        model = torch.compile(model)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16")
     gen = torch.Generator().manual_seed(rank)
     times = []
     for step in range(args.steps + 1):
@@ -55,7 +72,8 @@ def worker(rank: int, world: int, args, port: int, queue) -> None:
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
-        out = model(input_ids=ids, labels=ids)
+        with autocast:
+            out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
         dist.barrier()
@@ -77,8 +95,15 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    p.add_argument("--autocast", default="auto", choices=["auto", "bf16", "off"],
+                   help="auto: bf16 where the CPU has avx512_bf16 or amx_bf16")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = p.parse_args()
-    print(f"# PyTorch {torch.__version__} FSDP2 (gloo, CPU), param_dtype={args.param_dtype}, "
+    if args.autocast == "auto":
+        args.autocast = "bf16" if cpu_has_bf16() else "off"
+    print(f"# PyTorch {torch.__version__} FSDP2 (gloo, CPU), attn={args.attn}, "
+          f"autocast={args.autocast}, compile={args.compile}, param_dtype={args.param_dtype}, "
           f"batch {args.batch}x{args.seq} per worker", flush=True)
     for world in args.workers:
         ctx = mp.get_context("spawn")
