@@ -54,7 +54,8 @@ std::vector<RenderedExample> RenderFile(const std::string& file, const ExampleRe
 }
 
 // gemma-chat equals transformers' apply_chat_template token for token, and the trained tokens
-// equal TRL's assistant_only_loss labels, on 100 Dolly records and 100 conversations.
+// equal TRL's assistant_only_loss labels, on 100 Dolly records and 100 conversations whose
+// renderings the fixture script also compared with Google's own template.
 TEST(ChatTemplate, GemmaChatMatchesTransformersAndTrl) {
   auto tok = Tokenizer::Load(kRoot + "/data/tokenizer");
   ASSERT_TRUE(tok.ok()) << tok.status().message();
@@ -80,6 +81,15 @@ TEST(ChatTemplate, GemmaChatMatchesTransformersAndTrl) {
     }
   }
   EXPECT_EQ(checked, 200);
+  // The fixture script compared every rendering with Google's template (TRL's copy) and says so;
+  // it fails instead of skipping when that file is missing.
+  std::ifstream g(kRoot + "/tests/fixtures/chat/google_template.json");
+  const nlohmann::json google = nlohmann::json::parse(g, nullptr, false);
+  ASSERT_TRUE(google.is_object()) << "tests/fixtures/chat/google_template.json";
+  EXPECT_EQ(google.value("template", ""), "trl/chat_templates/gemma4_v5.jinja");
+  EXPECT_EQ(google.value("sha256", "").size(), 64u);
+  EXPECT_EQ(google.value("records_compared", 0), checked);
+  EXPECT_EQ(google.value("generation_prompts_compared", 0), checked);
   EXPECT_GT(merged_header, 0) << "the golden set should hold a token that merges the header's "
                                  "newline with the answer";
   // --train-on all: the same tokens, every one trained.
