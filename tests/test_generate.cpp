@@ -306,7 +306,8 @@ TEST(Sampling, ProcessorsEqualTransformers) {
     ProcessLogits(o, c["history"].get<std::vector<int32_t>>(), l);
     ASSERT_EQ(l.size(), c["expected"].size());
     // How many scores slicetrain keeps (finite after processing), against transformers' count.
-    const int64_t kept = std::count_if(l.begin(), l.end(), [](float x) { return std::isfinite(x); });
+    const int64_t kept =
+        std::count_if(l.begin(), l.end(), [](float x) { return std::isfinite(x); });
     EXPECT_EQ(kept, c["kept"].get<int64_t>());
     for (size_t v = 0; v < l.size(); ++v) {
       const nlohmann::json& want = c["expected"][v];

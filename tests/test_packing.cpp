@@ -315,7 +315,8 @@ TEST(Batching, LengthGroupedOrder) {
       o.seed = 3;
       std::vector<int64_t> planned;
       for (const StepRows& step : PlanEpoch(set, o, 1, 0, 0))
-        for (const std::vector<int64_t>& row : step) planned.insert(planned.end(), row.begin(), row.end());
+        for (const std::vector<int64_t>& row : step)
+          planned.insert(planned.end(), row.begin(), row.end());
       EXPECT_EQ(planned, LengthGroupedOrder(EpochPermutation(n, o.seed, 0), lengths, mb));
     }
   }
