@@ -152,10 +152,11 @@ nlohmann::json ReadJson(const std::string& path) {
 }
 
 // Greedy decoding of `prompt` for generated.size() tokens with the cache, checked step by step
-// against transformers' record: every token, the top logits of every step (within tol) and, when
-// given, every logit of the first and the last step.
+// against transformers' record: every token, the top logits of every step (within tol), when
+// given, every logit of the first and the last step, and with tol_fp64 > 0 the first and last
+// step's top logits against the record's fp64 forward (within tol_fp64).
 void CheckGreedyAgainstGolden(const LoadedModel& m, const nlohmann::json& rec, int64_t capacity,
-                              double tol, DType storage) {
+                              double tol, DType storage, double tol_fp64 = 0) {
   const DecodeWeights weights(m.registry, *m.weights, storage);
   Gemma4Decoder dec(m.config, m.registry, weights, capacity);
   const std::vector<int32_t> prompt = rec["input_ids"].get<std::vector<int32_t>>();
@@ -175,6 +176,18 @@ void CheckGreedyAgainstGolden(const LoadedModel& m, const nlohmann::json& rec, i
     const char* full = i == 0 ? "logits_first" : i + 1 == golden.size() ? "logits_last" : nullptr;
     if (full != nullptr && rec.contains(full)) {
       EXPECT_LT(MaxAbsDiff(logits, rec[full].get<std::vector<float>>()), tol);
+    }
+    // The fp64 forward's values at the first and last step's 16 largest logits (tol_fp64 > 0).
+    const char* top_fp64 = i == 0 ? "top_first" : i + 1 == golden.size() ? "top_last" : nullptr;
+    if (tol_fp64 > 0 && top_fp64 != nullptr) {
+      ASSERT_TRUE(rec.contains(top_fp64)) << top_fp64;
+      const std::vector<int32_t> ids = rec[top_fp64]["ids"].get<std::vector<int32_t>>();
+      const std::vector<double> exact = rec[top_fp64]["values_fp64"].get<std::vector<double>>();
+      ASSERT_EQ(ids.size(), exact.size());
+      ASSERT_GE(ids.size(), 16u);
+      for (size_t k = 0; k < ids.size(); ++k)
+        EXPECT_NEAR(logits[static_cast<size_t>(ids[k])], exact[k], tol_fp64)
+            << top_fp64 << ", id " << ids[k];
     }
     const std::vector<int32_t> ids = top[i]["ids"].get<std::vector<int32_t>>();
     const std::vector<float> values = top[i]["values"].get<std::vector<float>>();
@@ -219,7 +232,13 @@ TEST(Generate, GreedyEqualsTransformersAtE2bWidths) {
             static_cast<size_t>(m->config.sliding_window));
   // A bf16 checkpoint is decoded from bf16-held weights by default: the same values.
   ASSERT_EQ(DecodeWeights::DefaultStorage(m->registry, *m->weights), DType::kBF16);
-  CheckGreedyAgainstGolden(*m, golden, 1024, 2e-3, DType::kBF16);
+  // Against transformers' fp32 run, 2e-3: fp32 rounding alone moves these logits (|x| <= 7.4) by
+  // up to 1e-3 over the whole vocabulary. Against the fp64 forward of the same weights at the 16
+  // largest logits of the first and last step, 3e-4: there transformers' fp32 is within 9.2e-5
+  // and slicetrain's within 1.1e-4 (measured), so this asks slicetrain to be as accurate as an
+  // fp32 forward can be, not only within the fp32 comparison's slack (e.g. the final hidden state
+  // rounded to fp16 before the head moves them by 5.4e-4 and passes the 2e-3 check).
+  CheckGreedyAgainstGolden(*m, golden, 1024, 2e-3, DType::kBF16, 3e-4);
   std::filesystem::remove_all(dir);
 }
 
@@ -285,18 +304,20 @@ TEST(Sampling, ProcessorsEqualTransformers) {
     o.top_p = c["top_p"].get<double>();
     std::vector<float> l = c["logits"].get<std::vector<float>>();
     ProcessLogits(o, c["history"].get<std::vector<int32_t>>(), l);
-    int kept = 0;
+    ASSERT_EQ(l.size(), c["expected"].size());
+    // How many scores slicetrain keeps (finite after processing), against transformers' count.
+    const int64_t kept =
+        std::count_if(l.begin(), l.end(), [](float x) { return std::isfinite(x); });
+    EXPECT_EQ(kept, c["kept"].get<int64_t>());
     for (size_t v = 0; v < l.size(); ++v) {
       const nlohmann::json& want = c["expected"][v];
       if (want.is_null()) {
         EXPECT_TRUE(std::isinf(l[v]) && l[v] < 0) << "id " << v << " should be removed";
       } else {
-        ++kept;
         EXPECT_NEAR(l[v], want.get<float>(), 1e-5 * std::max(1.0f, std::abs(want.get<float>())))
             << "id " << v;
       }
     }
-    EXPECT_EQ(kept, c["kept"].get<int>());
   }
 }
 

@@ -2,6 +2,7 @@
 // math against libm, and finite differences for every reference backward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -377,32 +378,97 @@ INSTANTIATE_TEST_SUITE_P(
 // Document masking (packed examples): every query sees only the keys of its own document, and a
 // window restarts with each document. The tiled kernel against the naive reference and the
 // probabilities kernel, with documents shorter and longer than the query and key blocks, a
-// window, padding after the last document (it continues the last document's start, as packed
-// batches lay it out), and both backward schedules.
+// window, padding after the last document (it continues the last document's positions, as packed
+// batches lay it out), and both backward schedules. All three kernels read the same AttnMask, so
+// parity alone cannot catch a wrong mask: the mask is also checked against one built here from
+// the position ids alone, and keys of other documents are changed to show that no query sees them.
 struct DocCase {
   int64_t B, T, H, Hkv, D, window, max_doc;
   int threads;
 };
 
+// Which keys each query may see, from position ids alone (not through AttnMask): a document
+// starts where the position is 0; query i sees key j iff they are in the same document, j <= i,
+// i - j < window (when there is one) and j is not padding. [B, T, T], 1 = visible.
+std::vector<uint8_t> MaskFromPositions(const std::vector<int32_t>& pos,
+                                       const std::vector<uint8_t>& pad, int64_t B, int64_t T,
+                                       int64_t window) {
+  std::vector<int64_t> doc(B * T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0, d = -1; t < T; ++t) doc[b * T + t] = d += pos[b * T + t] == 0;
+  std::vector<uint8_t> m(B * T * T, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j <= i; ++j)
+        m[(b * T + i) * T + j] = doc[b * T + i] == doc[b * T + j] &&
+                                 (window == 0 || i - j < window) && pad[b * T + j] != 0;
+  return m;
+}
+
+// Attention over the visible keys of `vis` in double; a query without a visible key averages
+// every value of its row (the kernels' convention for fully padded rows). [B, T, H, D]
+std::vector<float> NaiveMaskedAttention(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v,
+                                        const std::vector<uint8_t>& vis, int64_t B, int64_t T,
+                                        int64_t H, int64_t Hkv, int64_t D) {
+  std::vector<float> out(B * T * H * D);
+  std::vector<double> w(T), acc(D);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / Hkv);
+      for (int64_t i = 0; i < T; ++i) {
+        const float* qi = &q[((b * T + i) * H + h) * D];
+        const uint8_t* row = &vis[(b * T + i) * T];
+        const bool any = std::any_of(row, row + T, [](uint8_t x) { return x != 0; });
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          if (any && !row[j]) continue;
+          double s = 0;
+          for (int64_t e = 0; e < D; ++e) s += double(qi[e]) * k[((b * T + j) * Hkv + g) * D + e];
+          w[j] = any ? s : 0.0;
+          mx = std::max(mx, w[j]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < T; ++j) {
+          if (any && !row[j]) continue;
+          const double p = std::exp(w[j] - mx);
+          sum += p;
+          for (int64_t e = 0; e < D; ++e) acc[e] += p * v[((b * T + j) * Hkv + g) * D + e];
+        }
+        for (int64_t e = 0; e < D; ++e)
+          out[((b * T + i) * H + h) * D + e] = static_cast<float>(acc[e] / sum);
+      }
+    }
+  return out;
+}
+
 TEST(AttentionDocuments, TiledMatchesReferenceAndProbs) {
+  int64_t checked_after_other_docs = 0;
   for (const DocCase& c : {DocCase{2, 200, 4, 2, 8, 0, 40, 2}, DocCase{3, 333, 2, 1, 8, 16, 150, 2},
                            DocCase{1, 300, 4, 1, 8, 0, 300, 3}, DocCase{4, 130, 2, 2, 4, 5, 20, 1},
                            DocCase{2, 260, 8, 1, 8, 64, 90, 2}}) {
     SCOPED_TRACE(testing::Message() << "B" << c.B << " T" << c.T << " W" << c.window
                                     << " docs<=" << c.max_doc << " threads" << c.threads);
-    std::vector<int32_t> start(c.B * c.T);
+    // Position ids as packing lays them out: they restart at 0 with each document; padding
+    // continues the last document's. The kernels' AttnMask::start is derived from them as the
+    // engine does (start = t - pos); the reference mask below reads only pos and pad.
+    std::vector<int32_t> pos(c.B * c.T), start(c.B * c.T);
     std::vector<uint8_t> pad(c.B * c.T, 1);
+    std::vector<int64_t> doc(c.B * c.T);  // document index within the row
     Rng rng(7 + c.T);
     for (int64_t b = 0; b < c.B; ++b) {
       const int64_t used = c.T - static_cast<int64_t>(rng.Below(c.T / 4));  // the rest is padding
-      int64_t t = 0, doc = 0;
+      int64_t t = 0;
       while (t < used) {
         const int64_t n = std::min<int64_t>(used - t, 1 + rng.Below(c.max_doc));
-        for (int64_t k = 0; k < n; ++k) start[b * c.T + t + k] = static_cast<int32_t>(t);
-        doc = t;
-        t += n;
+        for (int64_t k = 0; k < n; ++k, ++t) pos[b * c.T + t] = static_cast<int32_t>(k);
       }
-      for (; t < c.T; ++t) start[b * c.T + t] = static_cast<int32_t>(doc), pad[b * c.T + t] = 0;
+      for (; t < c.T; ++t) pos[b * c.T + t] = pos[b * c.T + t - 1] + 1, pad[b * c.T + t] = 0;
+      for (int64_t u = 0, d = -1; u < c.T; ++u) {
+        d += pos[b * c.T + u] == 0;
+        doc[b * c.T + u] = d;
+        start[b * c.T + u] = static_cast<int32_t>(u - pos[b * c.T + u]);
+      }
     }
     const AttnMask mask{pad.data(), c.window, start.data()};
     const int64_t nq = c.B * c.T * c.H * c.D, nk = c.B * c.T * c.Hkv * c.D;
@@ -437,24 +503,79 @@ TEST(AttentionDocuments, TiledMatchesReferenceAndProbs) {
     EXPECT_LT(GradError(dq2, dq0), 5e-5);
     EXPECT_LT(GradError(dk2, dk0), 5e-5);
     EXPECT_LT(GradError(dv2, dv0), 5e-5);
-    // No query sees a key of another document: the first document's outputs do not change when
-    // every later key and value changes.
-    auto k2 = k, v2 = v;
+
+    // The mask itself, against the one built from position ids: the probabilities kernel's
+    // nonzero probabilities are exactly the visible keys (a row without any attends uniformly),
+    // and every kernel's output equals attention over exactly those keys.
+    const std::vector<uint8_t> vis = MaskFromPositions(pos, pad, c.B, c.T, c.window);
     for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t t = 0; t < c.T; ++t)
-        if (start[b * c.T + t] > 0)
-          for (int64_t j = 0; j < c.Hkv * c.D; ++j) {
-            k2[(b * c.T + t) * c.Hkv * c.D + j] += 1.0f;
-            v2[(b * c.T + t) * c.Hkv * c.D + j] -= 2.0f;
+      for (int64_t i = 0; i < c.T; ++i) {
+        const uint8_t* row = &vis[(b * c.T + i) * c.T];
+        const bool any = std::any_of(row, row + c.T, [](uint8_t x) { return x != 0; });
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t j = 0; j < c.T; ++j) {
+            const float p = probs[((b * c.H + h) * c.T + i) * c.T + j];
+            if (any) {
+              ASSERT_EQ(p > 0.0f, row[j] != 0) << "b " << b << " query " << i << " key " << j;
+            } else {
+              ASSERT_EQ(p, 1.0f / static_cast<float>(c.T)) << "b " << b << " query " << i;
+            }
           }
-    std::vector<float> o3(nq), l3(l0.size());
-    cpu::AttentionForward(q.data(), k2.data(), v2.data(), o3.data(), l3.data(), c.B, c.T, c.H,
-                          c.Hkv, c.D, mask);
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t t = 0; t < c.T && start[b * c.T + t] == 0; ++t)
-        for (int64_t j = 0; j < c.H * c.D; ++j)
-          ASSERT_EQ(o3[(b * c.T + t) * c.H * c.D + j], o1[(b * c.T + t) * c.H * c.D + j]);
+      }
+    const std::vector<float> want = NaiveMaskedAttention(q, k, v, vis, c.B, c.T, c.H, c.Hkv, c.D);
+    EXPECT_LT(RelError(o0, want), kParityTol);
+    EXPECT_LT(RelError(o1, want), kParityTol);
+    EXPECT_LT(RelError(o2, want), kParityTol);
+
+    // No query sees a key of another document, earlier or later: change the keys and values of
+    // the odd-numbered documents of every row, then of the even-numbered ones; the outputs of the
+    // queries in the other documents stay bit-identical in every kernel (a query of document 2
+    // would see document 1's keys without document masking), and those of the changed documents
+    // change.
+    for (int parity = 0; parity < 2; ++parity) {
+      SCOPED_TRACE(parity ? "odd documents changed" : "even documents changed");
+      auto k2 = k, v2 = v;
+      for (int64_t n = 0; n < c.B * c.T; ++n)
+        if (doc[n] % 2 == parity)
+          for (int64_t j = 0; j < c.Hkv * c.D; ++j) {
+            k2[n * c.Hkv * c.D + j] += 1.0f;
+            v2[n * c.Hkv * c.D + j] -= 2.0f;
+          }
+      std::vector<float> r0(nq), r1(nq), r2(nq), lse(l0.size());
+      ref::AttentionForward(q.data(), k2.data(), v2.data(), r0.data(), lse.data(), c.B, c.T, c.H,
+                            c.Hkv, c.D, mask);
+      ref::AttentionProbsForward(q.data(), k2.data(), v2.data(), r2.data(), probs.data(), c.B, c.T,
+                                 c.H, c.Hkv, c.D, mask);
+      {
+        ScopedThreads threads(c.threads);
+        cpu::AttentionForward(q.data(), k2.data(), v2.data(), r1.data(), lse.data(), c.B, c.T, c.H,
+                              c.Hkv, c.D, mask);
+      }
+      int64_t changed = 0, in_changed_docs = 0;
+      for (int64_t n = 0; n < c.B * c.T; ++n) {
+        const int64_t lo = n * c.H * c.D, hi = lo + c.H * c.D;
+        if (doc[n] % 2 == parity) {
+          ++in_changed_docs;
+          changed += !std::equal(r1.begin() + lo, r1.begin() + hi, o1.begin() + lo);
+          continue;
+        }
+        // A query without a visible key (padding past the window) attends to every key.
+        const uint8_t* row = &vis[n * c.T];
+        if (std::none_of(row, row + c.T, [](uint8_t x) { return x != 0; })) continue;
+        checked_after_other_docs += doc[n] > 0;
+        for (int64_t j = lo; j < hi; ++j) {
+          ASSERT_EQ(r0[j], o0[j]) << "ref, token " << n;
+          ASSERT_EQ(r1[j], o1[j]) << "tiled, token " << n;
+          ASSERT_EQ(r2[j], o2[j]) << "probs, token " << n;
+        }
+      }
+      if (in_changed_docs > 0) {
+        EXPECT_GT(changed, in_changed_docs / 2);
+      }
+    }
   }
+  // Queries with an earlier document in their row were checked (the test is not only causal).
+  EXPECT_GT(checked_after_other_docs, 1000);
 }
 
 // Positions per token: RoPE at pos[b, t] equals RoPE of the same vector placed at t = pos.

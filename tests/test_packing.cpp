@@ -54,7 +54,8 @@ std::vector<RenderedExample> RenderFile(const std::string& file, const ExampleRe
 }
 
 // gemma-chat equals transformers' apply_chat_template token for token, and the trained tokens
-// equal TRL's assistant_only_loss labels, on 100 Dolly records and 100 conversations.
+// equal TRL's assistant_only_loss labels, on 100 Dolly records and 100 conversations whose
+// renderings the fixture script also compared with Google's own template.
 TEST(ChatTemplate, GemmaChatMatchesTransformersAndTrl) {
   auto tok = Tokenizer::Load(kRoot + "/data/tokenizer");
   ASSERT_TRUE(tok.ok()) << tok.status().message();
@@ -80,6 +81,15 @@ TEST(ChatTemplate, GemmaChatMatchesTransformersAndTrl) {
     }
   }
   EXPECT_EQ(checked, 200);
+  // The fixture script compared every rendering with Google's template (TRL's copy) and says so;
+  // it fails instead of skipping when that file is missing.
+  std::ifstream g(kRoot + "/tests/fixtures/chat/google_template.json");
+  const nlohmann::json google = nlohmann::json::parse(g, nullptr, false);
+  ASSERT_TRUE(google.is_object()) << "tests/fixtures/chat/google_template.json";
+  EXPECT_EQ(google.value("template", ""), "trl/chat_templates/gemma4_v5.jinja");
+  EXPECT_EQ(google.value("sha256", "").size(), 64u);
+  EXPECT_EQ(google.value("records_compared", 0), checked);
+  EXPECT_EQ(google.value("generation_prompts_compared", 0), checked);
   EXPECT_GT(merged_header, 0) << "the golden set should hold a token that merges the header's "
                                  "newline with the answer";
   // --train-on all: the same tokens, every one trained.
@@ -252,23 +262,64 @@ TEST(Batching, FirstFitDecreasing) {
   }
 }
 
-// transformers' get_length_grouped_indices: mega batches sorted by decreasing length, the longest
-// example first.
+// transformers' get_length_grouped_indices (tools/make_batching_fixtures.py): torch's random
+// permutation cannot be slicetrain's, so each case feeds the permutation transformers drew to
+// LengthGroupedOrder and compares the whole order: mega batches, the stable sort by decreasing
+// length (ties in their permutation order), and the longest example moved to the front (the first
+// mega batch holding the maximum when several do). With transformers' default mega-batch size
+// (world 1, no gradient accumulation), PlanEpoch's order is LengthGroupedOrder of its own
+// permutation with that size.
 TEST(Batching, LengthGroupedOrder) {
-  const std::vector<int64_t> lengths = RandomLengths(100, 50, 9);
-  std::vector<int64_t> order(100);
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::reverse(order.begin(), order.end());
-  const auto out = LengthGroupedOrder(order, lengths, 16);
-  std::vector<int64_t> sorted = out;
-  std::sort(sorted.begin(), sorted.end());
-  std::vector<int64_t> all(100);
-  std::iota(all.begin(), all.end(), int64_t{0});
-  EXPECT_EQ(sorted, all);
-  EXPECT_EQ(lengths[out[0]], *std::max_element(lengths.begin(), lengths.end()));
-  for (size_t g = 0; g < out.size(); g += 16)
-    for (size_t i = g + 2; i < std::min(out.size(), g + 16); ++i)
-      EXPECT_GE(lengths[out[i - 1]], lengths[out[i]]);
+  std::ifstream f(kRoot + "/tests/fixtures/batching/length_grouped.json");
+  const nlohmann::json golden = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(golden.is_object());
+  ASSERT_GE(golden["cases"].size(), 9u);
+  for (const nlohmann::json& c : golden["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const auto lengths = c["lengths"].get<std::vector<int64_t>>();
+    const auto perm = c["permutation"].get<std::vector<int64_t>>();
+    const auto expected = c["expected"].get<std::vector<int64_t>>();
+    const int64_t mb = c["megabatch"].get<int64_t>(), n = static_cast<int64_t>(lengths.size());
+    const std::vector<int64_t> out = LengthGroupedOrder(perm, lengths, mb);
+    EXPECT_EQ(out, expected);
+    // The same, as properties: a permutation, the longest first, and every adjacent pair inside a
+    // mega batch non-increasing except where the swap put mega batch 0's head (then the first
+    // pair of the mega batch the longest came from).
+    std::vector<int64_t> sorted = out;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> all(static_cast<size_t>(n));
+    std::iota(all.begin(), all.end(), int64_t{0});
+    EXPECT_EQ(sorted, all);
+    EXPECT_EQ(lengths[out[0]], *std::max_element(lengths.begin(), lengths.end()));
+    int64_t unsorted = 0;
+    for (int64_t g = 0; g < n; g += mb)
+      for (int64_t i = g + 1; i < std::min(n, g + mb); ++i)
+        if (lengths[out[i - 1]] < lengths[out[i]]) {
+          EXPECT_EQ(i, g + 1) << "position " << i;
+          EXPECT_NE(std::find(perm.begin() + g, perm.begin() + std::min(n, g + mb), out[0]),
+                    perm.begin() + std::min(n, g + mb))
+              << "an unsorted pair in mega batch " << g / mb
+              << ", which is not where the longest came from";
+          ++unsorted;
+        }
+    EXPECT_LE(unsorted, 1);
+    // transformers' default mega-batch size, through PlanEpoch: with world 1, the steps' examples
+    // in order are LengthGroupedOrder(PlanEpoch's permutation, lengths, that size).
+    if (c["mega_batch_mult"].is_null()) {
+      const int64_t bs = c["batch_size"].get<int64_t>();
+      const TokenizedSet set = MakeSet(lengths, *std::max_element(lengths.begin(), lengths.end()));
+      BatchingOptions o;
+      o.max_seq_len = set.T;
+      o.batch_size = bs;
+      o.group_by_length = true;
+      o.seed = 3;
+      std::vector<int64_t> planned;
+      for (const StepRows& step : PlanEpoch(set, o, 1, 0, 0))
+        for (const std::vector<int64_t>& row : step)
+          planned.insert(planned.end(), row.begin(), row.end());
+      EXPECT_EQ(planned, LengthGroupedOrder(EpochPermutation(n, o.seed, 0), lengths, mb));
+    }
+  }
 }
 
 // Packed rows: positions restart with each example, its first token is no target, padding

@@ -7,14 +7,18 @@ Output (tests/fixtures/chat/, rewritten on every run; nothing else there is touc
   gemma_chat.jsonl        one line per record, Dolly records first, then the conversations, each
                           {"kind": "dolly" | "messages", "record": <the record as in the two files above>,
                            "text": <rendered string>, "input_ids": [...], "assistant_mask": [0/1 per token]}
+  google_template.json    what the renderings were compared with: {"template": "trl/chat_templates/gemma4_v5.jinja",
+                           "sha256": <of that file>, "trl": <version>, "records_compared": 200,
+                           "generation_prompts_compared": 200}
 
 From what:
   - tokenizer: the bundled data/tokenizer (tokenizer.json + tokenizer_config.json) loaded with
     transformers.AutoTokenizer; it has Gemma 4's control tokens (<bos>=2, <|turn>=5, <turn|>=6).
   - chat template: tools/chat_templates/gemma4_training.jinja, the text-only Gemma 4 chat format as documented,
     with {% generation %} markers around each assistant turn's trimmed content and its <turn|> (see its header).
-    Google's own chat_template.jinja is gated; the script cross-checks the rendering against the copy of it that
-    TRL ships (trl/chat_templates/gemma4_v5.jinja) when that file is present.
+    Google's own chat_template.jinja is gated; the script cross-checks every rendering (and the generation prompt)
+    against the copy of it that TRL ships (trl/chat_templates/gemma4_v5.jinja), fails if that file is missing,
+    and records the comparison in google_template.json.
   - records: 60 Dolly records sampled from data/tiny_instruct/train.jsonl (20 of them with a context), 40 synthetic
     Dolly records and 100 synthetic conversations (2-6 user/assistant turns, a third with a leading system turn,
     a quarter written with role "model" instead of "assistant"), built from fixed word tables and random.Random
@@ -50,6 +54,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
@@ -61,6 +66,7 @@ ROOT = HERE.parent
 TOKENIZER_DIR = ROOT / "data" / "tokenizer"
 INSTRUCT = ROOT / "data" / "tiny_instruct" / "train.jsonl"
 TEMPLATE = HERE / "chat_templates" / "gemma4_training.jinja"
+GOOGLE_TEMPLATE = "gemma4_v5.jinja"  # Google's Gemma 4 chat template as TRL ships it
 OUT = ROOT / "tests" / "fixtures" / "chat"
 
 N_FROM_FILE_PLAIN = 40
@@ -428,8 +434,13 @@ def main():
     all_messages = [msgs for _, _, msgs in cases]
 
     # Google's template as shipped with TRL (text-only path), for a cross-check of the rendered strings.
-    google = Path(__import__("trl").__file__).parent / "chat_templates" / "gemma4_v5.jinja"
-    google_template = google.read_text(encoding="utf-8") if google.exists() else None
+    # Missing file = a TRL without it: fail rather than write goldens that were not compared.
+    google = Path(__import__("trl").__file__).parent / "chat_templates" / GOOGLE_TEMPLATE
+    if not google.is_file():
+        raise SystemExit(f"{google} is missing: the renderings cannot be compared with Google's template "
+                         f"(install trl as pinned in tools/requirements.txt)")
+    google_bytes = google.read_bytes()
+    google_template = google_bytes.decode("utf-8")
 
     lines, n_tokens, n_masked, n_straddle, n_google = [], 0, 0, 0, 0
     trl_ids, masks, trl_version = trl_masks(tokenizer, all_messages, template)
@@ -447,14 +458,13 @@ def main():
         spans = trained_spans(msgs, bos)
         assert offsets_mask(offsets, spans) == mask, "mask != offsets-based recomputation"
         n_straddle += sum(1 for (b, e) in offsets for (sb, _) in spans if b < sb < e)
-        if google_template is not None:
-            assert tokenizer.apply_chat_template(msgs, chat_template=google_template, tokenize=False) == text
-            prompt = msgs[:-1] if msgs[-1]["role"] != "user" else msgs
-            assert tokenizer.apply_chat_template(prompt, chat_template=google_template, tokenize=False,
-                                                 add_generation_prompt=True) == \
-                tokenizer.apply_chat_template(prompt, chat_template=template, tokenize=False,
-                                              add_generation_prompt=True)
-            n_google += 1
+        assert tokenizer.apply_chat_template(msgs, chat_template=google_template, tokenize=False) == text
+        prompt = msgs[:-1] if msgs[-1]["role"] != "user" else msgs
+        assert tokenizer.apply_chat_template(prompt, chat_template=google_template, tokenize=False,
+                                             add_generation_prompt=True) == \
+            tokenizer.apply_chat_template(prompt, chat_template=template, tokenize=False,
+                                          add_generation_prompt=True)
+        n_google += 1
         n_tokens += len(ids)
         n_masked += sum(mask)
         lines.append(json.dumps({"kind": kind, "record": rec, "text": text, "input_ids": ids,
@@ -470,6 +480,10 @@ def main():
     write("dolly_records.jsonl", [json.dumps(r, ensure_ascii=False) for r in dolly_recs])
     write("messages_records.jsonl", [json.dumps(r, ensure_ascii=False) for r in message_recs])
     write("gemma_chat.jsonl", lines)
+    assert n_google == len(cases)
+    write("google_template.json", [json.dumps({
+        "template": f"trl/chat_templates/{GOOGLE_TEMPLATE}", "sha256": hashlib.sha256(google_bytes).hexdigest(),
+        "trl": trl_version, "records_compared": n_google, "generation_prompts_compared": n_google}, indent=1)])
 
     n_turns = sum(1 for msgs in all_messages for m in msgs if m["role"] in ("assistant", "model"))
     print(f"wrote {OUT.relative_to(ROOT)}/: {len(dolly_recs)} dolly + {len(message_recs)} messages records "
@@ -477,8 +491,7 @@ def main():
     print(f"tokens: {n_tokens} total, {n_masked} in the assistant mask ({n_masked / n_tokens:.3f}), "
           f"longest {max(len(json.loads(line)['input_ids']) for line in lines)}")
     print(f"tokens spanning a model header's '\\n' and the content (masked): {n_straddle}")
-    print("Google's template (TRL copy) renders the same text: "
-          + (f"{n_google}/{len(cases)}" if google_template is not None else "not checked (file missing)"))
+    print(f"Google's template (TRL copy) renders the same text: {n_google}/{len(cases)}")
 
 
 if __name__ == "__main__":
