@@ -61,7 +61,13 @@ struct Key {
 struct Entry {
   Key key;
   dnnl::matmul prim;
-  dnnl::memory a, b, c;  // descriptors bound to the primitive; data handles set per call
+  // Descriptors bound to the primitive; data handles set per call. `scratch` is the primitive's
+  // scratchpad, which we own (scratchpad_mode::user): Debian's oneDNN is built without
+  // DNNL_ENABLE_CONCURRENT_EXEC, so its library-managed scratchpad is one buffer shared by every
+  // primitive of the process, and two threads running products at once (threads-as-ranks)
+  // would write into each other's.
+  dnnl::memory a, b, c, scratch;
+  size_t scratch_bytes = 0;
   uint64_t last_use = 0;
 };
 
@@ -78,6 +84,8 @@ struct ThreadState {
   int64_t created = 0;
   // Conversion scratch for A and B; grows to the largest product seen, then stays.
   std::vector<uint16_t> a16, b16;
+  // The primitives' scratchpad (one product runs at a time on a thread), 64-byte aligned.
+  std::vector<uint8_t> scratchpad;
 };
 
 ThreadState& State() {
@@ -104,6 +112,7 @@ Entry& Lookup(ThreadState& s, const Key& k, float alpha, float beta) {
   const auto b = Desc(dt::bf16, k.K, k.N, k.tb, k.ldb);
   const auto c = Desc(dt::f32, k.M, k.N, false, k.ldc);
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
     dnnl::post_ops po;
@@ -115,6 +124,9 @@ Entry& Lookup(ThreadState& s, const Key& k, float alpha, float beta) {
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, s.engine);
     entry->prim = dnnl::matmul(pd);
+    const dnnl::memory::desc sd = pd.scratchpad_desc();
+    entry->scratch_bytes = sd.get_size();
+    entry->scratch = dnnl::memory(sd, s.engine, DNNL_MEMORY_NONE);
   } catch (const dnnl::error& e) {
     ST_CHECK(false) << "oneDNN bf16 matmul M=" << k.M << " N=" << k.N << " K=" << k.K
                     << " has no implementation: " << e.what();
@@ -171,11 +183,22 @@ void GemmBf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
   ST_CHECK(dnnl_memory_set_data_handle(e.a.get(), const_cast<uint16_t*>(A)) == dnnl_success);
   ST_CHECK(dnnl_memory_set_data_handle(e.b.get(), const_cast<uint16_t*>(B)) == dnnl_success);
   ST_CHECK(dnnl_memory_set_data_handle(e.c.get(), C) == dnnl_success);
-  // The C API with arguments on the stack: the C++ execute() builds an unordered_map per call.
-  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e.a.get()},
+  int nargs = 3;
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e.a.get()},
                              {DNNL_ARG_WEIGHTS, e.b.get()},
-                             {DNNL_ARG_DST, e.c.get()}};
-  const dnnl_status_t st = dnnl_primitive_execute(e.prim.get(), s.stream.get(), 3, args);
+                             {DNNL_ARG_DST, e.c.get()},
+                             {DNNL_ARG_SCRATCHPAD, e.scratch.get()}};
+  if (e.scratch_bytes > 0) {
+    constexpr size_t kAlign = 64;
+    if (s.scratchpad.size() < e.scratch_bytes + kAlign) s.scratchpad.resize(e.scratch_bytes + kAlign);
+    void* p = s.scratchpad.data();
+    size_t space = s.scratchpad.size();
+    std::align(kAlign, e.scratch_bytes, p, space);
+    ST_CHECK(dnnl_memory_set_data_handle(e.scratch.get(), p) == dnnl_success);
+    nargs = 4;
+  }
+  // The C API with arguments on the stack: the C++ execute() builds an unordered_map per call.
+  const dnnl_status_t st = dnnl_primitive_execute(e.prim.get(), s.stream.get(), nargs, args);
   ST_CHECK(st == dnnl_success) << "oneDNN matmul failed with status " << static_cast<int>(st);
 }
 
@@ -203,7 +226,7 @@ void Gemm(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
 
 size_t GemmScratchBytes() {
   const ThreadState& s = State();
-  return (s.a16.capacity() + s.b16.capacity()) * sizeof(uint16_t);
+  return (s.a16.capacity() + s.b16.capacity()) * sizeof(uint16_t) + s.scratchpad.capacity();
 }
 
 int64_t GemmPrimitivesCreated() {
