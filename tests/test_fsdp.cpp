@@ -83,9 +83,10 @@ constexpr double kMaxNorm = 1.0;
 
 // One process, whole batch, plain arenas.
 RunResult Reference(const Gemma4Config& c, const std::vector<float>& init, int steps = kSteps,
-                    const LoraSpec& lora = {}) {
+                    const LoraSpec& lora = {}, Precision precision = Precision::kFp32) {
   EngineOptions options;
   options.lora = lora;
+  options.precision = precision;
   Gemma4Engine eng(c, kB, kT, options);
   const ParamRegistry& reg = eng.registry();
   const std::vector<bool> trainable = Trainable(reg);
@@ -124,7 +125,8 @@ RunResult Sharded(const Gemma4Config& c, const std::vector<float>& init, int wor
                   FsdpUnitMode mode, DType param_dtype, int steps = kSteps,
                   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone,
                   const LoraSpec& lora = {}, int micro = 1, bool sync_each_batch = false,
-                  std::vector<size_t>* accumulation_bytes = nullptr) {
+                  std::vector<size_t>* accumulation_bytes = nullptr,
+                  Precision precision = Precision::kFp32) {
   auto store = std::make_shared<comm::MemoryStore>();
   std::vector<RunResult> results(world);
   std::vector<std::string> errors(world);
@@ -141,6 +143,7 @@ RunResult Sharded(const Gemma4Config& c, const std::vector<float>& init, int wor
       EngineOptions engine;
       engine.checkpointing = checkpointing;
       engine.lora = lora;
+      engine.precision = precision;
       Gemma4Engine eng(c, b_micro, kT, engine);
       FsdpOptions o;
       o.units = mode;
@@ -335,6 +338,63 @@ TEST(FsdpBf16, NRanksMatchOneRank) {
   // And bf16 transport really differs from fp32 (the policy is in effect).
   const RunResult fp32 = Sharded(c, init, 1, FsdpUnitMode::kMlp, DType::kF32, 1);
   EXPECT_NE(one.losses[0], fp32.losses[0]);
+}
+
+// bf16 compute (--precision bf16) under FSDP with fp32 transport: N ranks against one process
+// with the whole batch, both in bf16, 4 steps; measured at 2 and 4 ranks: losses within 5e-6
+// relative, parameters within 2.3e-4 of their scale (bars 2e-5 and 1e-3). This toy model is far
+// more sensitive to bf16 rounding than a real one (its fp32 and bf16 gradients differ by up to
+// 80 % of their scale, with the ref backend too). Not covered: at 3 and 6 ranks the step-0
+// gradient norm is 8.6e-5 away from one process's in bf16 (2.7e-8 in fp32), with the fast and the
+// ref backend and either transport, while one rank with 3 micro-batches of the same rows matches:
+// the cause is not found yet (docs/engine.md, "Precision").
+TEST(FsdpBf16Compute, NRanksMatchOneProcessWithTheWholeBatch) {
+  const Gemma4Config c = Config();
+  const ParamRegistry reg = BuildParamRegistry(c);
+  std::vector<float> init(reg.layout.total());
+  InitParams(c, reg, init.data(), 5);
+  const RunResult ref = Reference(c, init, kSteps, {}, Precision::kBf16);
+  const RunResult fp32 = Reference(c, init);
+  EXPECT_NE(ref.losses[0], fp32.losses[0]) << "bf16 compute is in effect";
+  EXPECT_LT(ref.losses[2], ref.losses[0]);
+  for (int world : {2, 4})
+    for (FsdpUnitMode mode : {FsdpUnitMode::kMlp, FsdpUnitMode::kLayer}) {
+      SCOPED_TRACE(StrCat(world, " ranks, ", mode == FsdpUnitMode::kMlp ? "mlp" : "layer"));
+      const RunResult got = Sharded(c, init, world, mode, DType::kF32, kSteps,
+                                    ActivationCheckpointing::kNone, {}, 1, false, nullptr,
+                                    Precision::kBf16);
+      double loss_err = 0, param_err = 0;
+      for (size_t s = 0; s < got.losses.size(); ++s)
+        loss_err = std::max(loss_err, std::fabs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+      for (int i = 0; i < reg.layout.size(); ++i) {
+        const ArenaEntry& e = reg.layout.entry(i);
+        param_err = std::max(param_err, test::RelError(got.params.data() + e.offset,
+                                                       ref.params.data() + e.offset, e.numel));
+      }
+      std::printf("bf16 compute, %d ranks: loss %.2e, parameters %.2e\n", world, loss_err,
+                  param_err);
+      EXPECT_LT(loss_err, 2e-5);
+      EXPECT_LT(param_err, 1e-3);
+    }
+}
+
+// Checkpointing's recompute runs the same bf16 products on the same inputs: bit for bit.
+TEST(FsdpBf16Compute, CheckpointingEqualsBitForBit) {
+  const Gemma4Config c = Config();
+  const ParamRegistry reg = BuildParamRegistry(c);
+  std::vector<float> init(reg.layout.total());
+  InitParams(c, reg, init.data(), 9);
+  auto run = [&](ActivationCheckpointing ckpt) {
+    return Sharded(c, init, 2, FsdpUnitMode::kMlp, DType::kBF16, 6, ckpt, {}, 1, false, nullptr,
+                   Precision::kBf16);
+  };
+  const RunResult none = run(ActivationCheckpointing::kNone);
+  for (ActivationCheckpointing ckpt :
+       {ActivationCheckpointing::kMlp, ActivationCheckpointing::kLayer}) {
+    const RunResult got = run(ckpt);
+    EXPECT_EQ(got.losses, none.losses) << ActivationCheckpointingName(ckpt);
+    EXPECT_EQ(got.params, none.params) << ActivationCheckpointingName(ckpt);
+  }
 }
 
 TEST(FsdpMemory, ShardedStateFallsAsOneOverN) {
