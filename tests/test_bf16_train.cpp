@@ -37,12 +37,6 @@ std::vector<double> StepLosses(const std::string& run) {
   return v;
 }
 
-double MeanOfLast(const std::vector<double>& v, size_t n) {
-  double s = 0;
-  for (size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
-  return s / static_cast<double>(n);
-}
-
 TEST(Bf16Finetune, AutoPicksBf16WhereTheCpuHasItAndSaysSo) {
   const std::string dir = test::TempDir("bf16_auto");
   ASSERT_FALSE(dir.empty());
@@ -62,37 +56,52 @@ TEST(Bf16Finetune, AutoPicksBf16WhereTheCpuHasItAndSaysSo) {
   fs::remove_all(dir);
 }
 
-// 200 steps of gemma4-small (2 workers, 2 x 32 tokens each, the same data order) in bf16 and fp32:
-// the mean loss of the last 20 steps within 2 % (measured: 0.7 %). Also fails if bf16 does not
-// learn at all or diverges, which a rounding bug in the backward would make it do.
+// 200 steps of gemma4-small (2 workers, 2 rows of 64 packed tokens each, lr 3e-4, the same data
+// order) in bf16 and in fp32, then both final models evaluated on the same 256 held-out examples
+// (in fp32): the bf16 model's loss within 2 % of the fp32 model's (llm.c's check; measured on a
+// Zen 4: bf16 1.6 % lower; 100 steps of 4 rows: 0.15 %). At the presets' default lr of 1e-3 with 128-token steps two runs are chaotic:
+// the fp32 runs of two seeds end 8 % apart, and bf16 against fp32 4-10 % apart (bf16 lower both
+// times), so that setting could not tell a bug from noise. Also fails if either run does not learn.
 TEST(Bf16Finetune, TwoHundredStepsEndWithinTwoPercentOfFp32) {
   if (!cpu::HasNativeBf16Gemm()) GTEST_SKIP() << "no bf16 dot products on this CPU";
   const std::string dir = test::TempDir("bf16_200");
   ASSERT_FALSE(dir.empty());
-  std::vector<std::vector<double>> losses;
+  std::vector<double> eval, first;
   for (const char* p : {"fp32", "bf16"}) {
-    const Ran r = RunCommand(kFinetune + " --model-id gemma4-small --topology 2 --max-seq-len 32 "
-                                         "--batch-size-per-device 2 --packing off --max-steps 200 "
+    const Ran r = RunCommand(kFinetune + " --model-id gemma4-small --topology 2 --max-seq-len 64 "
+                                         "--batch-size-per-device 2 --max-steps 200 --lr 3e-4 "
                                          "--dataset-split 'train[:1024]' --num-to-keep 1 "
                                          "--precision " + std::string(p) + " --storage-path " +
                              dir + " --run-name " + p);
     ASSERT_EQ(r.code, 0) << r.out;
-    losses.push_back(StepLosses(dir + "/" + p));
-    ASSERT_EQ(losses.back().size(), 200u);
+    const std::vector<double> steps = StepLosses(dir + "/" + p);
+    ASSERT_EQ(steps.size(), 200u);
+    first.push_back(steps[0]);
+    const std::string ckpt = test::NewestCheckpoint(dir + "/" + p);
+    ASSERT_FALSE(ckpt.empty());
+    const Ran e = RunCommand(std::string(ST_BINARY) + " evaluate --json --precision fp32 --data-dir " +
+                             ST_SOURCE_DIR "/data --max-seq-len 64 --dataset-split "
+                             "'train[1024:1280]' --model-id " + ckpt);
+    ASSERT_EQ(e.code, 0) << e.out;
+    const auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')), nullptr, false);
+    ASSERT_TRUE(j.is_object()) << e.out;
+    eval.push_back(j["loss"].get<double>());
   }
-  const double fp32 = MeanOfLast(losses[0], 20), bf16 = MeanOfLast(losses[1], 20);
-  EXPECT_LT(fp32, 0.7 * losses[0][0]) << "fp32 did not learn";
-  EXPECT_NEAR(bf16, fp32, 0.02 * fp32) << "bf16 " << bf16 << " vs fp32 " << fp32;
-  std::printf("200 steps: last-20 mean loss fp32 %.4f, bf16 %.4f (%.2f %%)\n", fp32, bf16,
-              100.0 * (bf16 - fp32) / fp32);
+  EXPECT_LT(eval[0], 0.6 * first[0]) << "fp32 did not learn";
+  EXPECT_LT(eval[1], 0.6 * first[1]) << "bf16 did not learn";
+  EXPECT_NEAR(eval[1], eval[0], 0.02 * eval[0]) << "bf16 " << eval[1] << " vs fp32 " << eval[0];
+  std::printf("200 steps, held-out loss: fp32 %.4f, bf16 %.4f (%+.2f %%)\n", eval[0], eval[1],
+              100.0 * (eval[1] - eval[0]) / eval[0]);
   fs::remove_all(dir);
 }
 
 // The same global batches on 1, 2 and 4 workers in bf16. Different micro-batch shapes sum the
 // products in different orders; in bf16 a difference in the last fp32 bit can move an operand to
 // the neighbouring bf16 value (2^-8 relative), and AdamW's first steps, about lr x sign(g), turn a
-// flipped near-zero gradient into a full-size update: the runs drift apart a little more than in
-// fp32 (measured up to 4e-3 after 16 steps against a 2.5 fall of the loss), so the bar is 2e-2.
+// flipped near-zero gradient into a full-size update. At the preset's lr (1e-3) these runs are
+// chaotic even in fp32: its epoch losses are up to 0.3 % apart between worker counts, bf16's up to
+// 0.7 % (measured on a Zen 4), so the bar is 1.5 % of the loss. It still catches a rank whose
+// gradient is missing or counted twice.
 TEST(Bf16Finetune, WorkersAgreeWithOneWorker) {
   if (!cpu::HasNativeBf16Gemm()) GTEST_SKIP() << "no bf16 dot products on this CPU";
   const std::string dir = test::TempDir("bf16_workers");
@@ -116,7 +125,8 @@ TEST(Bf16Finetune, WorkersAgreeWithOneWorker) {
   EXPECT_LT(by_world[0][1], by_world[0][0] - 0.5) << "it learns";
   for (size_t w = 1; w < by_world.size(); ++w)
     for (size_t e = 0; e < 2; ++e)
-      EXPECT_NEAR(by_world[w][e], by_world[0][e], 2e-2) << "world index " << w << " epoch " << e;
+      EXPECT_NEAR(by_world[w][e], by_world[0][e], 0.015 * by_world[0][e])
+          << "world index " << w << " epoch " << e;
   fs::remove_all(dir);
 }
 

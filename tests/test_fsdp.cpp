@@ -344,10 +344,12 @@ TEST(FsdpBf16, NRanksMatchOneRank) {
 // with the whole batch, both in bf16, 4 steps; measured at 2 and 4 ranks: losses within 5e-6
 // relative, parameters within 2.3e-4 of their scale (bars 2e-5 and 1e-3). This toy model is far
 // more sensitive to bf16 rounding than a real one (its fp32 and bf16 gradients differ by up to
-// 80 % of their scale, with the ref backend too). Not covered: at 3 and 6 ranks the step-0
-// gradient norm is 8.6e-5 away from one process's in bf16 (2.7e-8 in fp32), with the fast and the
-// ref backend and either transport, while one rank with 3 micro-batches of the same rows matches:
-// the cause is not found yet (docs/engine.md, "Precision").
+// 80 % of their scale, with the ref backend too). Powers of two only: FSDP scales the loss's
+// gradient by W / (global targets) before the backward (the reduce-scatter averages), and bf16
+// rounding commutes with a power-of-two scale but not with 3: at 3 and 6 ranks every dy rounds to
+// a neighbouring bf16 value now and then, a different rounding of the same product (the step-0
+// gradient norm 8.6e-5 from one process's, which this toy model's sensitivity turns into
+// parameters 7e-2 apart after 4 steps; in fp32 2.7e-8).
 TEST(FsdpBf16Compute, NRanksMatchOneProcessWithTheWholeBatch) {
   const Gemma4Config c = Config();
   const ParamRegistry reg = BuildParamRegistry(c);
