@@ -55,6 +55,9 @@ struct Key {
   int64_t M, N, K, lda, ldb, ldc;
   bool ta, tb;
   uint32_t alpha_bits, beta_bits;
+  // oneDNN splits the work for the thread count it sees when the primitive is made: one made for
+  // 1 thread runs on 1 thread forever.
+  int threads;
   bool operator==(const Key&) const = default;
 };
 
@@ -176,8 +179,17 @@ void GemmBf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
     return;
   }
   ThreadState& s = State();
-  const Key key{M, N, K, lda, ldb, ldc, ta == Trans::kYes, tb == Trans::kYes,
-                FloatBits(alpha), FloatBits(beta)};
+  const Key key{M,
+                N,
+                K,
+                lda,
+                ldb,
+                ldc,
+                ta == Trans::kYes,
+                tb == Trans::kYes,
+                FloatBits(alpha),
+                FloatBits(beta),
+                omp_get_max_threads()};
   Entry& e = Lookup(s, key, alpha, beta);
   // oneDNN only reads A and B; its C API takes non-const handles.
   ST_CHECK(dnnl_memory_set_data_handle(e.a.get(), const_cast<uint16_t*>(A)) == dnnl_success);
