@@ -109,6 +109,36 @@ TEST(Bf16Gemm, EveryLayoutMatchesTheRoundedReference) {
             }
 }
 
+// Operands over kBf16OperandCap elements are rounded and multiplied in blocks of rows (A) or
+// columns (B) of C: the same products as one block, and a bounded scratch.
+TEST(Bf16Gemm, LargeOperandsGoInBlocks) {
+  const int64_t K = 1500, big = cpu::kBf16OperandCap / K + 37, small = 24;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool big_m : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "ta" << ta << " tb" << tb << " big_m" << big_m);
+        const int64_t M = big_m ? big : small, N = big_m ? small : big;
+        const std::vector<float> A = Random(M * K, 21), B = Random(K * N, 22);
+        std::vector<float> C(M * N);
+        cpu::Gemm(Precision::kBf16, ta ? Trans::kYes : Trans::kNo, tb ? Trans::kYes : Trans::kNo,
+                  M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.0f, C.data(), N);
+        int bad = 0;
+        for (int64_t m = 0; m < M; m += big_m ? 97 : 1)
+          for (int64_t n = 0; n < N; n += big_m ? 1 : 97) {
+            double want = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const float a = At(A, ta, ta ? M : K, m, k), b = At(B, tb, tb ? K : N, k, n);
+              want += double(Rounded(a)) * Rounded(b);
+              mag += std::fabs(double(a) * b);
+            }
+            bad += std::fabs(C[static_cast<size_t>(m * N + n)] - want) > (K + 4) * kF32U * mag;
+          }
+        EXPECT_EQ(bad, 0);
+        EXPECT_LE(cpu::GemmScratchBytes(), 2 * (cpu::kBf16OperandCap + K) * sizeof(uint16_t) +
+                                               (size_t{64} << 20));
+      }
+}
+
 TEST(Bf16Gemm, OperandsAlreadyInBf16AreUsedAsStored) {
   const int64_t M = 37, N = 29, K = 75;
   const std::vector<float> A = Random(M * K, 5), B = Random(N * K, 6);

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "kernels/cpu/fastmath.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/ref/ops_ref.h"
 #include "model/weights.h"
@@ -959,7 +960,9 @@ double Bf16OperandBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int
                        : static_cast<double>(std::min(cfg.vocab_size, kHeadBlock));
   a = std::max({a, tile, std::min(n, static_cast<double>(kHeadRows)) * d});
   b = std::max(b, c * d);
-  return 2.0 * (a + b);
+  // cpu::Gemm takes larger operands in blocks of at most kBf16OperandCap elements.
+  const double cap = static_cast<double>(cpu::kBf16OperandCap);
+  return 2.0 * (std::min(a, cap) + std::min(b, cap));
 }
 
 double WorkspaceBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int64_t B, int64_t T,

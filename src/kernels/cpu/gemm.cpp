@@ -225,15 +225,34 @@ void Gemm(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
     return;
   }
   // Pack each operand as stored (rows x cols of its storage), rounding to bf16; the packed copy
-  // keeps the transposition, which oneDNN reads through strides.
+  // keeps the transposition, which oneDNN reads through strides. An operand larger than
+  // kBf16OperandCap elements is taken in blocks of rows of C (A) or columns of C (B), so the
+  // scratch stays bounded (the tied head's cached [N, V] logits would otherwise need their own
+  // bf16 copy).
   ThreadState& s = State();
-  const int64_t a_rows = ta == Trans::kYes ? K : M, a_cols = ta == Trans::kYes ? M : K;
-  const int64_t b_rows = tb == Trans::kYes ? N : K, b_cols = tb == Trans::kYes ? K : N;
-  if (static_cast<int64_t>(s.a16.size()) < a_rows * a_cols) s.a16.resize(a_rows * a_cols);
-  if (static_cast<int64_t>(s.b16.size()) < b_rows * b_cols) s.b16.resize(b_rows * b_cols);
-  RoundToBf16(A, a_rows, a_cols, lda, s.a16.data());
-  RoundToBf16(B, b_rows, b_cols, ldb, s.b16.data());
-  GemmBf16(ta, tb, M, N, K, alpha, s.a16.data(), a_cols, s.b16.data(), b_cols, beta, C, ldc);
+  const int64_t mb = std::max<int64_t>(1, std::min(M, kBf16OperandCap / std::max<int64_t>(K, 1)));
+  const int64_t nb = std::max<int64_t>(1, std::min(N, kBf16OperandCap / std::max<int64_t>(K, 1)));
+  if (static_cast<int64_t>(s.a16.size()) < mb * K) s.a16.resize(mb * K);
+  if (static_cast<int64_t>(s.b16.size()) < nb * K) s.b16.resize(nb * K);
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t n = std::min(nb, N - n0);
+    // op(B)[:, n0 : n0 + n]: stored [K, ldb] (columns n0..) or, transposed, [N, ldb] (rows n0..).
+    if (tb == Trans::kYes)
+      RoundToBf16(B + n0 * ldb, n, K, ldb, s.b16.data());
+    else
+      RoundToBf16(B + n0, K, n, ldb, s.b16.data());
+    const int64_t ldb16 = tb == Trans::kYes ? K : n;
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+      const int64_t m = std::min(mb, M - m0);
+      if (ta == Trans::kYes)
+        RoundToBf16(A + m0, K, m, lda, s.a16.data());
+      else
+        RoundToBf16(A + m0 * lda, m, K, lda, s.a16.data());
+      const int64_t lda16 = ta == Trans::kYes ? m : K;
+      GemmBf16(ta, tb, m, n, K, alpha, s.a16.data(), lda16, s.b16.data(), ldb16, beta,
+               C + m0 * ldc + n0, ldc);
+    }
+  }
 }
 
 size_t GemmScratchBytes() {

@@ -19,6 +19,9 @@ enum class Trans { kNo, kYes };
 // Row-major: op(A) is [M, K] (A stored [M, lda] or, transposed, [K, lda]), op(B) is [K, N]
 // (B stored [K, ldb] or, transposed, [N, ldb]), C is [M, ldc]. beta 0 overwrites C (which may
 // then hold anything, NaN included); beta 1 accumulates.
+// In bf16 each operand is rounded into per-thread scratch of at most kBf16OperandCap elements
+// (or one row of K, if longer): larger ones go in blocks of rows or columns of C.
+constexpr int64_t kBf16OperandCap = int64_t{4} << 20;
 void Gemm(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc);
