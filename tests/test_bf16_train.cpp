@@ -64,6 +64,9 @@ TEST(Bf16Finetune, AutoPicksBf16WhereTheCpuHasItAndSaysSo) {
 // times), so that setting could not tell a bug from noise. Also fails if either run does not learn.
 TEST(Bf16Finetune, TwoHundredStepsEndWithinTwoPercentOfFp32) {
   if (!cpu::HasNativeBf16Gemm()) GTEST_SKIP() << "no bf16 dot products on this CPU";
+#ifdef ST_SANITIZED
+  GTEST_SKIP() << "a convergence check: minutes at -O3, far longer under the sanitizers";
+#endif
   const std::string dir = test::TempDir("bf16_200");
   ASSERT_FALSE(dir.empty());
   std::vector<double> eval, first;
