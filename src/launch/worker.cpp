@@ -43,8 +43,12 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   }
   // A restarted worker may reach the store of the generation that just failed, while its rank 0
   // has not noticed yet: that store already holds "group/formed", which a new group sets only once
-  // every rank has joined. Such a store is left alone until the new one is up (within `timeout`).
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // every rank has joined. Such a store is left alone until the new one is up: within the
+  // collective timeout, but at least kStaleStoreWait, since rank 0's host must first see the
+  // failure, let its worker write its records and exit, and start the next one (a CI run once
+  // took longer than the 8 s timeout of the fault test, and the retry used up a restart).
+  constexpr std::chrono::milliseconds kStaleStoreWait{30000};
+  const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, kStaleStoreWait);
   auto client =
       comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {timeout});
   while (env.rank != 0 && client.ok()) {
