@@ -57,8 +57,9 @@ int main(int argc, char** argv) {
     st::cpu::SetNumThreads(t);
     peak32.push_back(st::bench::MeasureSgemmGflops());
     peak16.push_back(st::bench::MeasureBf16GemmGflops());
-    std::printf("GEMM peaks at %d thread(s), 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (%.2fx)\n",
-                t, peak32.back(), peak16.back(), peak16.back() / peak32.back());
+    std::printf(
+        "GEMM peaks at %d thread(s), 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (%.2fx)\n", t,
+        peak32.back(), peak16.back(), peak16.back() / peak32.back());
   }
 
   std::printf("%-13s %5s %6s %7s %8s %9s %9s %10s %8s %9s %9s %8s\n", "preset", "prec", "ckpt",
@@ -79,45 +80,45 @@ int main(int argc, char** argv) {
     const st::Batch b{ids.data(), nullptr, ids.data(), batch, seq};
     const double flops = st::TrainingFlops(m.config, m.registry, batch, seq);
     for (const std::string& prec : precisions)
-    for (const std::string& mode : checkpointing) {
-      auto ckpt = st::ParseActivationCheckpointing(mode);
-      auto precision = st::cpu::ResolvePrecision(prec);
-      if (!ckpt.ok() || !precision.ok()) {
-        std::fprintf(stderr, "bench_step: %s\n",
-                     (!ckpt.ok() ? ckpt.status() : precision.status()).ToString().c_str());
-        return 1;
-      }
-      st::EngineOptions options;
-      options.checkpointing = *ckpt;
-      options.precision = *precision;
-      st::Gemma4Engine engine(m.config, batch, seq, options);
-      for (size_t ti = 0; ti < threads.size(); ++ti) {
-        const int t = threads[ti];
-        st::cpu::SetNumThreads(t);
-        const double peak = *precision == st::Precision::kBf16 ? peak16[ti] : peak32[ti];
-        std::vector<double> step_s, fwd_s;
-        for (int s = 0; s <= steps; ++s) {
-          const auto t0 = std::chrono::steady_clock::now();
-          st::ForwardResult r = engine.Forward(params.data(), b);
-          const double f = Seconds(t0);
-          engine.Backward(params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
-          if (s > 0) {  // step 0 warms caches, pages and thread pools
-            step_s.push_back(Seconds(t0));
-            fwd_s.push_back(f);
-          }
+      for (const std::string& mode : checkpointing) {
+        auto ckpt = st::ParseActivationCheckpointing(mode);
+        auto precision = st::cpu::ResolvePrecision(prec);
+        if (!ckpt.ok() || !precision.ok()) {
+          std::fprintf(stderr, "bench_step: %s\n",
+                       (!ckpt.ok() ? ckpt.status() : precision.status()).ToString().c_str());
+          return 1;
         }
-        std::sort(step_s.begin(), step_s.end());
-        std::sort(fwd_s.begin(), fwd_s.end());
-        const double med = step_s[step_s.size() / 2], fmed = fwd_s[fwd_s.size() / 2];
-        const double gflops = flops / med / 1e9;
-        std::printf("%-13s %5s %6s %7d %4lldx%-4lld %9.3f %9.3f %10.1f %8.1f %9.1f %8.1f%% %8.0f\n",
-                    preset.c_str(), st::PrecisionName(*precision), mode.c_str(), t,
-                    (long long)batch, (long long)seq, med, fmed,
-                    batch * seq / med, gflops, peak, 100.0 * gflops / peak,
-                    engine.ActivationBytes() / 1048576.0);
-        std::fflush(stdout);
+        st::EngineOptions options;
+        options.checkpointing = *ckpt;
+        options.precision = *precision;
+        st::Gemma4Engine engine(m.config, batch, seq, options);
+        for (size_t ti = 0; ti < threads.size(); ++ti) {
+          const int t = threads[ti];
+          st::cpu::SetNumThreads(t);
+          const double peak = *precision == st::Precision::kBf16 ? peak16[ti] : peak32[ti];
+          std::vector<double> step_s, fwd_s;
+          for (int s = 0; s <= steps; ++s) {
+            const auto t0 = std::chrono::steady_clock::now();
+            st::ForwardResult r = engine.Forward(params.data(), b);
+            const double f = Seconds(t0);
+            engine.Backward(params.data(), grads.data(), b, 1.0f / static_cast<float>(r.num_valid));
+            if (s > 0) {  // step 0 warms caches, pages and thread pools
+              step_s.push_back(Seconds(t0));
+              fwd_s.push_back(f);
+            }
+          }
+          std::sort(step_s.begin(), step_s.end());
+          std::sort(fwd_s.begin(), fwd_s.end());
+          const double med = step_s[step_s.size() / 2], fmed = fwd_s[fwd_s.size() / 2];
+          const double gflops = flops / med / 1e9;
+          std::printf(
+              "%-13s %5s %6s %7d %4lldx%-4lld %9.3f %9.3f %10.1f %8.1f %9.1f %8.1f%% %8.0f\n",
+              preset.c_str(), st::PrecisionName(*precision), mode.c_str(), t, (long long)batch,
+              (long long)seq, med, fmed, batch * seq / med, gflops, peak, 100.0 * gflops / peak,
+              engine.ActivationBytes() / 1048576.0);
+          std::fflush(stdout);
+        }
       }
-    }
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);

@@ -34,8 +34,8 @@ double MeasureBf16GemmGflops(int n, int reps) {
       b(a.size(), FloatToBF16(0.25f));
   std::vector<float> c(a.size());
   auto run = [&] {
-    cpu::GemmBf16(cpu::Trans::kNo, cpu::Trans::kYes, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                  0.0f, c.data(), n);
+    cpu::GemmBf16(cpu::Trans::kNo, cpu::Trans::kYes, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                  c.data(), n);
   };
   run();  // warm-up (and the primitive's creation)
   double best = 1e30;

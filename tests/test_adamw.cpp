@@ -8,8 +8,8 @@
 #include <string>
 
 #include "io/safetensors.h"
-#include "test_util.h"
 #include "optim/adamw.h"
+#include "test_util.h"
 #include "train/lr_schedule.h"
 
 namespace st {

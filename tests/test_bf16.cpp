@@ -6,10 +6,10 @@
 // Tolerances. bf16 keeps 8 significant bits: rounding an operand to nearest changes it by at most
 // u = 2^-8 relative (bf16's epsilon, the spacing above 1, is eps = 2^-7 = 2u). A product a*b of
 // two rounded operands is then off by at most (1+u)^2 - 1 = 2u + u^2 relative, so a dot product of
-// length K against the unrounded fp32 one is off by at most (2u + u^2) * sum_k |a_k b_k| (plus fp32 accumulation, K * 2^-24 * sum |a_k b_k|, negligible here).
-// Against a reference that rounds the same operands first, only the fp32 accumulation is left:
-// at most K * 2^-24 * sum |a_k b_k| (the standard bound for recursive summation; blocked sums do
-// better).
+// length K against the unrounded fp32 one is off by at most (2u + u^2) * sum_k |a_k b_k| (plus fp32
+// accumulation, K * 2^-24 * sum |a_k b_k|, negligible here). Against a reference that rounds the
+// same operands first, only the fp32 accumulation is left: at most K * 2^-24 * sum |a_k b_k| (the
+// standard bound for recursive summation; blocked sums do better).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,8 +34,8 @@ namespace {
 using cpu::Trans;
 using test::RelError;
 
-constexpr double kU = 1.0 / 256;    // bf16 unit roundoff, 2^-8
-constexpr double kEps = 2 * kU;     // bf16 epsilon, 2^-7 (torch.finfo(torch.bfloat16).eps)
+constexpr double kU = 1.0 / 256;           // bf16 unit roundoff, 2^-8
+constexpr double kEps = 2 * kU;            // bf16 epsilon, 2^-7 (torch.finfo(torch.bfloat16).eps)
 constexpr double kF32U = 1.0 / (1 << 24);  // fp32 unit roundoff, 2^-24
 
 std::vector<float> Random(int64_t n, uint64_t seed, float scale = 1.0f) {
@@ -59,7 +59,7 @@ struct Shape {
 };
 
 TEST(Bf16Gemm, EveryLayoutMatchesTheRoundedReference) {
-  const Shape shapes[] = {{1, 1, 1},   {7, 13, 5},   {33, 17, 65},  {1, 64, 300},
+  const Shape shapes[] = {{1, 1, 1},    {7, 13, 5},     {33, 17, 65},  {1, 64, 300},
                           {64, 1, 129}, {128, 300, 70}, {257, 96, 512}};
   uint64_t seed = 1;
   for (const Shape& s : shapes)
@@ -68,9 +68,9 @@ TEST(Bf16Gemm, EveryLayoutMatchesTheRoundedReference) {
         for (float alpha : {1.0f, 0.37f})
           for (float beta : {0.0f, 1.0f})
             for (int64_t pad : {0, 3}) {
-              SCOPED_TRACE(testing::Message() << "M" << s.M << " N" << s.N << " K" << s.K << " ta"
-                                              << ta << " tb" << tb << " alpha" << alpha << " beta"
-                                              << beta << " pad" << pad);
+              SCOPED_TRACE(testing::Message()
+                           << "M" << s.M << " N" << s.N << " K" << s.K << " ta" << ta << " tb" << tb
+                           << " alpha" << alpha << " beta" << beta << " pad" << pad);
               const int64_t a_rows = ta ? s.K : s.M, a_cols = ta ? s.M : s.K;
               const int64_t b_rows = tb ? s.N : s.K, b_cols = tb ? s.K : s.N;
               const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = s.N + pad;
@@ -101,11 +101,13 @@ TEST(Bf16Gemm, EveryLayoutMatchesTheRoundedReference) {
                   bad_exact += std::fabs(got - want_e) > (2 * kU + kU * kU) * alpha * mag + acc;
                 }
               EXPECT_EQ(bad_rounded, 0) << "elements off the bf16-operand reference";
-              EXPECT_EQ(bad_exact, 0) << "elements off the fp32 product by more than (2u + u^2) sum|ab|";
+              EXPECT_EQ(bad_exact, 0)
+                  << "elements off the fp32 product by more than (2u + u^2) sum|ab|";
               // The padding between rows of C is never written.
               for (int64_t m = 0; m < s.M; ++m)
                 for (int64_t n = s.N; n < ldc; ++n)
-                  ASSERT_EQ(C[static_cast<size_t>(m * ldc + n)], C0[static_cast<size_t>(m * ldc + n)]);
+                  ASSERT_EQ(C[static_cast<size_t>(m * ldc + n)],
+                            C0[static_cast<size_t>(m * ldc + n)]);
             }
 }
 
@@ -120,8 +122,8 @@ TEST(Bf16Gemm, LargeOperandsGoInBlocks) {
         const int64_t M = big_m ? big : small, N = big_m ? small : big;
         const std::vector<float> A = Random(M * K, 21), B = Random(K * N, 22);
         std::vector<float> C(M * N);
-        cpu::Gemm(Precision::kBf16, ta ? Trans::kYes : Trans::kNo, tb ? Trans::kYes : Trans::kNo,
-                  M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.0f, C.data(), N);
+        cpu::Gemm(Precision::kBf16, ta ? Trans::kYes : Trans::kNo, tb ? Trans::kYes : Trans::kNo, M,
+                  N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.0f, C.data(), N);
         int bad = 0;
         for (int64_t m = 0; m < M; m += big_m ? 97 : 1)
           for (int64_t n = 0; n < N; n += big_m ? 1 : 97) {
@@ -134,8 +136,8 @@ TEST(Bf16Gemm, LargeOperandsGoInBlocks) {
             bad += std::fabs(C[static_cast<size_t>(m * N + n)] - want) > (K + 4) * kF32U * mag;
           }
         EXPECT_EQ(bad, 0);
-        EXPECT_LE(cpu::GemmScratchBytes(), 2 * (cpu::kBf16OperandCap + K) * sizeof(uint16_t) +
-                                               (size_t{64} << 20));
+        EXPECT_LE(cpu::GemmScratchBytes(),
+                  2 * (cpu::kBf16OperandCap + K) * sizeof(uint16_t) + (size_t{64} << 20));
       }
 }
 
@@ -157,10 +159,10 @@ TEST(Bf16Gemm, RoundingIsNearestEvenLikeTorch) {
   std::vector<float> x = Random(1000, 9, 100.0f);
   // Exact ties: 1 + 2^-8 lies halfway between two bf16 values (1 and 1 + 2^-7) and rounds to the
   // even one (1); 1 + 3 * 2^-8 rounds up to 1 + 2^-6. Then the specials.
-  for (float t : {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -(1.0f + 1.0f / 256), 65536.5f, 0.0f,
-                  -0.0f, std::numeric_limits<float>::infinity(),
-                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(),
-                  std::numeric_limits<float>::quiet_NaN(), 3.0e38f})
+  for (float t :
+       {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -(1.0f + 1.0f / 256), 65536.5f, 0.0f, -0.0f,
+        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::max(), std::numeric_limits<float>::quiet_NaN(), 3.0e38f})
     x.push_back(t);
   for (int64_t ld : {int64_t{0}, int64_t{5}}) {  // contiguous, then rows of 3 with padding
     const int64_t cols = ld ? 3 : static_cast<int64_t>(x.size());
@@ -210,10 +212,10 @@ TEST(Bf16Linear, MixedMatchesRefMixed) {
     EXPECT_LT(RelError(y, y_ref), (c.in + 4) * kF32U * 4);
     std::vector<float> dx = Random(c.N * c.in, 14), dx_ref = dx;
     std::vector<float> dw = Random(c.out * c.in, 15), dw_ref = dw;
-    cpu::LinearBackwardMixed(x.data(), w.data(), dy.data(), dx.data(), dw.data(), c.N, c.in,
+    cpu::LinearBackwardMixed(x.data(), w.data(), dy.data(), dx.data(), dw.data(), c.N, c.in, c.out,
+                             1.0f, true);
+    ref::LinearBackwardMixed(x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), c.N, c.in,
                              c.out, 1.0f, true);
-    ref::LinearBackwardMixed(x.data(), w.data(), dy.data(), dx_ref.data(), dw_ref.data(), c.N,
-                             c.in, c.out, 1.0f, true);
     EXPECT_LT(RelError(dx, dx_ref), (c.out + 4) * kF32U * 4) << "dx";
     EXPECT_LT(RelError(dw, dw_ref), (c.N + 4) * kF32U * 4) << "dw";
     // And they are bf16 products, not fp32 ones: the fp32 product differs by more than fp32
@@ -363,8 +365,7 @@ TEST(Bf16Engine, FastMatchesRef) {
   for (int i = 0; i < reg.layout.size(); ++i) {
     if (reg.is_buffer[i]) continue;
     const ArenaEntry& e = reg.layout.entry(i);
-    EXPECT_LT(RelError(ga.data() + e.offset, gb.data() + e.offset, e.numel), 4 * kEps)
-        << e.name;
+    EXPECT_LT(RelError(ga.data() + e.offset, gb.data() + e.offset, e.numel), 4 * kEps) << e.name;
   }
 }
 

@@ -1,8 +1,8 @@
 // bf16 training through the binary: what `finetune --precision` picks and prints, bf16 against fp32
-// over 200 steps (llm.c's check), N workers against one in bf16, and a CPU without bf16 dot products
-// (forced by capping the ISA oneDNN may use). Exact resume and --max-failures recovery in bf16 are
-// the trainer's and the fault tests' (test_trainer.cpp, test_faults.cpp), which run in the default
-// precision: bf16 on a CPU that has it.
+// over 200 steps (llm.c's check), N workers against one in bf16, and a CPU without bf16 dot
+// products (forced by capping the ISA oneDNN may use). Exact resume and --max-failures recovery in
+// bf16 are the trainer's and the fault tests' (test_trainer.cpp, test_faults.cpp), which run in the
+// default precision: bf16 on a CPU that has it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,15 +40,19 @@ std::vector<double> StepLosses(const std::string& run) {
 TEST(Bf16Finetune, AutoPicksBf16WhereTheCpuHasItAndSaysSo) {
   const std::string dir = test::TempDir("bf16_auto");
   ASSERT_FALSE(dir.empty());
-  const Ran r = RunCommand(kFinetune + " --dataset-split 'train[:16]' --max-seq-len 32 --num-epochs 1 "
-                                       "--storage-path " + dir + " --run-name auto");
+  const Ran r = RunCommand(kFinetune +
+                           " --dataset-split 'train[:16]' --max-seq-len 32 --num-epochs 1 "
+                           "--storage-path " +
+                           dir + " --run-name auto");
   ASSERT_EQ(r.code, 0) << r.out;
   const bool bf16 = cpu::HasNativeBf16Gemm();
-  EXPECT_NE(r.out.find(bf16 ? "Compute: precision=bf16 (bf16 matmuls on " : "Compute: precision=fp32"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(bf16 ? "Compute: precision=bf16 (bf16 matmuls on " : "Compute: precision=fp32"),
+      std::string::npos)
       << r.out;
   if (!bf16) {
-    EXPECT_NE(r.out.find("Precision: fp32 (auto: no bf16 dot products"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("Precision: fp32 (auto: no bf16 dot products"), std::string::npos)
+        << r.out;
   }
   const auto run = nlohmann::json::parse(ReadFile(dir + "/auto/run.json"), nullptr, false);
   ASSERT_TRUE(run.is_object());
@@ -59,9 +63,10 @@ TEST(Bf16Finetune, AutoPicksBf16WhereTheCpuHasItAndSaysSo) {
 // 200 steps of gemma4-small (2 workers, 2 rows of 64 packed tokens each, lr 3e-4, the same data
 // order) in bf16 and in fp32, then both final models evaluated on the same 256 held-out examples
 // (in fp32): the bf16 model's loss within 2 % of the fp32 model's (llm.c's check; measured on a
-// Zen 4: bf16 1.6 % lower; 100 steps of 4 rows: 0.15 %). At the presets' default lr of 1e-3 with 128-token steps two runs are chaotic:
-// the fp32 runs of two seeds end 8 % apart, and bf16 against fp32 4-10 % apart (bf16 lower both
-// times), so that setting could not tell a bug from noise. Also fails if either run does not learn.
+// Zen 4: bf16 1.6 % lower; 100 steps of 4 rows: 0.15 %). At the presets' default lr of 1e-3 with
+// 128-token steps two runs are chaotic: the fp32 runs of two seeds end 8 % apart, and bf16 against
+// fp32 4-10 % apart (bf16 lower both times), so that setting could not tell a bug from noise. Also
+// fails if either run does not learn.
 TEST(Bf16Finetune, TwoHundredStepsEndWithinTwoPercentOfFp32) {
   if (!cpu::HasNativeBf16Gemm()) GTEST_SKIP() << "no bf16 dot products on this CPU";
 #ifdef ST_SANITIZED
@@ -71,20 +76,24 @@ TEST(Bf16Finetune, TwoHundredStepsEndWithinTwoPercentOfFp32) {
   ASSERT_FALSE(dir.empty());
   std::vector<double> eval, first;
   for (const char* p : {"fp32", "bf16"}) {
-    const Ran r = RunCommand(kFinetune + " --model-id gemma4-small --topology 2 --max-seq-len 64 "
-                                         "--batch-size-per-device 2 --max-steps 200 --lr 3e-4 "
-                                         "--dataset-split 'train[:1024]' --num-to-keep 1 "
-                                         "--precision " + std::string(p) + " --storage-path " +
-                             dir + " --run-name " + p);
+    const Ran r = RunCommand(kFinetune +
+                             " --model-id gemma4-small --topology 2 --max-seq-len 64 "
+                             "--batch-size-per-device 2 --max-steps 200 --lr 3e-4 "
+                             "--dataset-split 'train[:1024]' --num-to-keep 1 "
+                             "--precision " +
+                             std::string(p) + " --storage-path " + dir + " --run-name " + p);
     ASSERT_EQ(r.code, 0) << r.out;
     const std::vector<double> steps = StepLosses(dir + "/" + p);
     ASSERT_EQ(steps.size(), 200u);
     first.push_back(steps[0]);
     const std::string ckpt = test::NewestCheckpoint(dir + "/" + p);
     ASSERT_FALSE(ckpt.empty());
-    const Ran e = RunCommand(std::string(ST_BINARY) + " evaluate --json --precision fp32 --data-dir " +
-                             ST_SOURCE_DIR "/data --max-seq-len 64 --dataset-split "
-                             "'train[1024:1280]' --model-id " + ckpt);
+    const Ran e =
+        RunCommand(std::string(ST_BINARY) + " evaluate --json --precision fp32 --data-dir " +
+                   ST_SOURCE_DIR
+                   "/data --max-seq-len 64 --dataset-split "
+                   "'train[1024:1280]' --model-id " +
+                   ckpt);
     ASSERT_EQ(e.code, 0) << e.out;
     const auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')), nullptr, false);
     ASSERT_TRUE(j.is_object()) << e.out;
@@ -112,11 +121,12 @@ TEST(Bf16Finetune, WorkersAgreeWithOneWorker) {
   const std::regex epoch_re(R"(Epoch (\d)/\d \| loss=(\d+\.\d{4}))");
   std::vector<std::vector<double>> by_world;
   for (const auto& [world, batch] : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}, {4, 1}}) {
-    const Ran r = RunCommand(kFinetune + " --dataset-split 'train[:32]' --max-seq-len 32 "
-                                         "--num-epochs 2 --precision bf16 --topology " +
-                             std::to_string(world) + " --batch-size-per-device " +
-                             std::to_string(batch) + " --storage-path " + dir + " --run-name w" +
-                             std::to_string(world));
+    const Ran r =
+        RunCommand(kFinetune +
+                   " --dataset-split 'train[:32]' --max-seq-len 32 "
+                   "--num-epochs 2 --precision bf16 --topology " +
+                   std::to_string(world) + " --batch-size-per-device " + std::to_string(batch) +
+                   " --storage-path " + dir + " --run-name w" + std::to_string(world));
     ASSERT_EQ(r.code, 0) << r.out;
     std::vector<double> v;
     for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), epoch_re);

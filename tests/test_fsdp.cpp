@@ -364,9 +364,9 @@ TEST(FsdpBf16Compute, NRanksMatchOneProcessWithTheWholeBatch) {
   for (int world : {2, 4})
     for (FsdpUnitMode mode : {FsdpUnitMode::kMlp, FsdpUnitMode::kLayer}) {
       SCOPED_TRACE(StrCat(world, " ranks, ", mode == FsdpUnitMode::kMlp ? "mlp" : "layer"));
-      const RunResult got = Sharded(c, init, world, mode, DType::kF32, kSteps,
-                                    ActivationCheckpointing::kNone, {}, 1, false, nullptr,
-                                    Precision::kBf16);
+      const RunResult got =
+          Sharded(c, init, world, mode, DType::kF32, kSteps, ActivationCheckpointing::kNone, {}, 1,
+                  false, nullptr, Precision::kBf16);
       double loss_err = 0, param_err = 0;
       for (size_t s = 0; s < got.losses.size(); ++s)
         loss_err = std::max(loss_err, std::fabs(got.losses[s] - ref.losses[s]) / ref.losses[s]);

@@ -36,7 +36,7 @@ struct EvaluateArgs {
   int64_t max_seq_len = 64, batch_size = 8;
   std::string chat_template = "auto", train_on = "auto";
   bool json = false;
-  int threads = 0;  // 0 = OMP_NUM_THREADS, else the usable CPUs
+  int threads = 0;                 // 0 = OMP_NUM_THREADS, else the usable CPUs
   std::string precision = "auto";  // --precision, resolved by cpu::ResolvePrecision
 };
 

@@ -647,8 +647,9 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
     whole_logits_.resize(static_cast<size_t>(last_N_ * cfg_.vocab_size));
     ComputeLogits(t, whole_logits_.data());
     int64_t valid = 0;
-    return OpsFor(backend_, options_.precision).CrossEntropyForward(whole_logits_.data(), targets_.data(), last_N_,
-                                                cfg_.vocab_size, &valid);
+    return OpsFor(backend_, options_.precision)
+        .CrossEntropyForward(whole_logits_.data(), targets_.data(), last_N_, cfg_.vocab_size,
+                             &valid);
   }
   if (Nv == 0) return 0.0;
   float* hv = Act(plan_.head_h);  // [Nv, d] the rows' final hidden states, compacted
@@ -662,9 +663,11 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
   std::fill(Act(plan_.head_zt), Act(plan_.head_zt) + Nv, 0.0f);
   if (const float* head = CachedHead(t)) {  // one tile: every row, the whole vocabulary
     const int64_t V = cfg_.vocab_size;
-    OpsFor(backend_, options_.precision).LinearForward(hv, head, Act(plan_.head_cache), Nv, d, V, 1.0f, false);
-    OpsFor(backend_, options_.precision).SoftcapForward(Act(plan_.head_cache), Nv * V,
-                                    static_cast<float>(cfg_.final_logit_softcapping));
+    OpsFor(backend_, options_.precision)
+        .LinearForward(hv, head, Act(plan_.head_cache), Nv, d, V, 1.0f, false);
+    OpsFor(backend_, options_.precision)
+        .SoftcapForward(Act(plan_.head_cache), Nv * V,
+                        static_cast<float>(cfg_.final_logit_softcapping));
     HeadRowsLse(Act(plan_.head_cache), 0, Nv, 0, V);
   } else {
     ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
@@ -955,9 +958,8 @@ double Bf16OperandBytes(const Gemma4Config& cfg, const ActivationPlan& plan, int
   }
   // The head: a tile of logits [rows, c] against a vocabulary block [c, d].
   const double tile = static_cast<double>(plan.layout.entry(plan.head_y).numel);
-  const double c = plan.head_cache >= 0
-                       ? static_cast<double>(cfg.vocab_size)
-                       : static_cast<double>(std::min(cfg.vocab_size, kHeadBlock));
+  const double c = plan.head_cache >= 0 ? static_cast<double>(cfg.vocab_size)
+                                        : static_cast<double>(std::min(cfg.vocab_size, kHeadBlock));
   a = std::max({a, tile, std::min(n, static_cast<double>(kHeadRows)) * d});
   b = std::max(b, c * d);
   // cpu::Gemm takes larger operands in blocks of at most kBf16OperandCap elements.

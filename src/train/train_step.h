@@ -12,8 +12,8 @@
 #include "core/status.h"
 #include "data/batching.h"
 #include "model/gemma4.h"
-#include "parallel/fsdp.h"
 #include "optim/adamw.h"
+#include "parallel/fsdp.h"
 #include "train/step_metrics.h"
 #include "train/train_state.h"
 

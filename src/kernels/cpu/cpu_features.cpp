@@ -95,11 +95,12 @@ StatusOr<Precision> ResolvePrecision(const std::string& name, std::string* why) 
   }
   if (name == "bf16") {
     if (!HasNativeBf16Gemm())
-      return InvalidArgument(std::string("--precision bf16: this CPU (") + IsaName(DetectCpu()) +
-                             ", " + (DetectCpu().model.empty() ? "unknown model" : DetectCpu().model) +
-                             ") has no bf16 dot-product instructions (AVX512_BF16 or AMX-BF16) that "
-                             "oneDNN may use, so bf16 would run emulated and slower than fp32; use "
-                             "--precision fp32 (or auto)");
+      return InvalidArgument(
+          std::string("--precision bf16: this CPU (") + IsaName(DetectCpu()) + ", " +
+          (DetectCpu().model.empty() ? "unknown model" : DetectCpu().model) +
+          ") has no bf16 dot-product instructions (AVX512_BF16 or AMX-BF16) that "
+          "oneDNN may use, so bf16 would run emulated and slower than fp32; use "
+          "--precision fp32 (or auto)");
     say(std::string("bf16: asked for, ") + Bf16GemmIsa());
     return Precision::kBf16;
   }

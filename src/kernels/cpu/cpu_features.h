@@ -14,8 +14,9 @@ struct CpuFeatures {
   std::string model;  // the processor's brand string, e.g. "AMD EPYC 9B14"
   bool avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512vl = false;
-  bool avx512_bf16 = false;  // VDPBF16PS: bf16 dot products in AVX-512 registers (Cooper Lake, Zen 4)
-  bool amx_bf16 = false;     // AMX tiles with bf16 (Sapphire Rapids and later)
+  bool avx512_bf16 =
+      false;              // VDPBF16PS: bf16 dot products in AVX-512 registers (Cooper Lake, Zen 4)
+  bool amx_bf16 = false;  // AMX tiles with bf16 (Sapphire Rapids and later)
 };
 
 // cpuid, once per process (the first call; later calls return the same object).

@@ -140,9 +140,8 @@ Entry& Lookup(ThreadState& s, const Key& k, float alpha, float beta) {
   entry->last_use = s.clock;
   ++s.created;
   if (s.entries.size() >= kMaxEntries) {
-    auto oldest = std::min_element(s.entries.begin(), s.entries.end(), [](auto& x, auto& y) {
-      return x->last_use < y->last_use;
-    });
+    auto oldest = std::min_element(s.entries.begin(), s.entries.end(),
+                                   [](auto& x, auto& y) { return x->last_use < y->last_use; });
     *oldest = std::move(entry);
     return **oldest;
   }
@@ -202,7 +201,8 @@ void GemmBf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
                              {DNNL_ARG_SCRATCHPAD, e.scratch.get()}};
   if (e.scratch_bytes > 0) {
     constexpr size_t kAlign = 64;
-    if (s.scratchpad.size() < e.scratch_bytes + kAlign) s.scratchpad.resize(e.scratch_bytes + kAlign);
+    if (s.scratchpad.size() < e.scratch_bytes + kAlign)
+      s.scratchpad.resize(e.scratch_bytes + kAlign);
     void* p = s.scratchpad.data();
     size_t space = s.scratchpad.size();
     std::align(kAlign, e.scratch_bytes, p, space);
@@ -220,8 +220,8 @@ void Gemm(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
   if (M == 0 || N == 0) return;
   if (p == Precision::kFp32) {
     cblas_sgemm(CblasRowMajor, ta == Trans::kYes ? CblasTrans : CblasNoTrans,
-                tb == Trans::kYes ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
-                beta, C, ldc);
+                tb == Trans::kYes ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta,
+                C, ldc);
     return;
   }
   // Pack each operand as stored (rows x cols of its storage), rounding to bf16; the packed copy
