@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "launch/supervisor.h"
 #include "proc_util.h"
 #include "test_util.h"
 
@@ -200,6 +201,38 @@ TEST(Launch, JobSecretAppearsInNoOutputOrFile) {
   }
   EXPECT_GT(files, 8) << "the run wrote its files";
   std::filesystem::remove_all(dir);
+}
+
+// Peers that notice a killed rank often exit (75, "a peer was lost") before the supervisor reaps the
+// rank itself; the report must still name the rank that died, not the first one that noticed.
+TEST(Supervisor, NamesTheWorkerThatDiedNotTheOneThatNoticed) {
+  std::vector<launch::WorkerSpec> w(3);
+  w[0] = {0, "127.0.0.1", {"/bin/sh", "-c", "sleep 5"}, {}};
+  w[1] = {1, "127.0.0.1",
+          {"/bin/sh", "-c", "sleep 0.1; echo 'slicetrain x: error: rank 2 exited' >&2; exit 75"},
+          {}};
+  w[2] = {2, "127.0.0.1", {"/bin/sh", "-c", "sleep 0.4; kill -9 $$"}, {}};
+  launch::SupervisorOptions opts;
+  const auto r = launch::RunWorkers(w, opts);
+  EXPECT_EQ(r.failed_rank, 2) << r.message;
+  EXPECT_NE(r.message.find("killed by signal 9"), std::string::npos) << r.message;
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(r.restartable);
+  EXPECT_NE(r.peer_report.find("rank 2 exited"), std::string::npos) << r.peer_report;
+}
+
+// Without a worse failure in the drain window, the worker that reported the loss stays the cause;
+// the workers the supervisor itself stops (SIGTERM) never replace it.
+TEST(Supervisor, ALostPeerReportStaysTheCauseWhenNobodyElseDies) {
+  std::vector<launch::WorkerSpec> w(2);
+  w[0] = {0, "127.0.0.1", {"/bin/sh", "-c", "exit 75"}, {}};
+  w[1] = {1, "127.0.0.1", {"/bin/sh", "-c", "sleep 30"}, {}};
+  launch::SupervisorOptions opts;
+  opts.drain = milliseconds(200);
+  const auto r = launch::RunWorkers(w, opts);
+  EXPECT_EQ(r.failed_rank, 0) << r.message;
+  EXPECT_EQ(r.exit_code, launch::kExitUnavailable);
+  EXPECT_NE(r.message.find("exited with code 75"), std::string::npos) << r.message;
 }
 
 }  // namespace

@@ -240,6 +240,9 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
   Clock::time_point all_exited_at;
   bool killed_hard = false, termed = false;
   bool tearing_down = !result.message.empty();
+  // True while the failure on record is a worker that exited with kExitUnavailable, i.e. one that
+  // only reported a lost peer: the peer itself, reaped a moment later, is the better cause.
+  bool cause_is_secondary = false;
   Clock::time_point term_at = tearing_down ? Clock::now() : Clock::time_point::max();
   Clock::time_point kill_deadline = term_at;
   // `drain`: let the others notice the failure and say where they were before SIGTERM.
@@ -264,7 +267,13 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
         // Make sure anything it left in its process group goes too.
         ::kill(-c.pid, SIGKILL);
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && !tearing_down) {
+        // A worker that dies on its own (a signal, or an exit code other than 75) before the
+        // SIGTERM replaces a cause that only reported the loss: peers often notice a killed rank
+        // and exit before the supervisor reaps it, and the report must name the one that died.
+        const bool secondary = WIFEXITED(status) && WEXITSTATUS(status) == kExitUnavailable;
+        const bool replaces = tearing_down && cause_is_secondary && !termed && !secondary &&
+                              result.failed_rank >= 0;
+        if (!ok && (!tearing_down || replaces)) {
           // Its last words are already in the pipe: read them so the message can quote them.
           ReadAvailable(c.out, c.prefix, opts.prefix_stdout);
           ReadAvailable(c.err, c.prefix, opts.prefix_stderr);
@@ -287,7 +296,12 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
           // The worker's exit code is the group's (2: bad input, 75: a lost peer...); a worker
           // killed by a signal makes it 1, as torchrun does.
           const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-          begin_teardown(c.rank, why, code, /*drain=*/true, restartable);
+          if (replaces) {
+            result = {code, c.rank, std::move(why), restartable, ""};
+          } else {
+            begin_teardown(c.rank, why, code, /*drain=*/true, restartable);
+          }
+          cause_is_secondary = secondary;
         }
       } else {
         ++running;
