@@ -39,6 +39,7 @@ struct FinetuneArgs {
   FinetuneOptions o;
   int num_workers = 0;  // 0 = the topology's
   int timeout_ms = 120000;
+  bool timeout_given = false;  // --timeout-ms on the command line: it wins over the launcher's
   int max_failures = 0;  // restarts of the worker group from the latest checkpoint
   // Rank 0's dashboard (docs/observe.md).
   std::string dashboard_host = "127.0.0.1";
@@ -255,7 +256,7 @@ Status RunRankZero(const FinetuneArgs& a, launch::Worker& worker) {
     }
     std::fflush(stdout);
   }
-  const Status left = worker.Shutdown();
+  const Status left = worker.Shutdown(trained.ok());
   if (dashboard && a.dashboard_linger_s > 0) {
     std::printf("Dashboard stays at %s until nobody has asked for %g s\n", dashboard->url().c_str(),
                 a.dashboard_linger_s);
@@ -434,6 +435,9 @@ Status Run(FinetuneArgs& a, int* exit_code) {
         a.o.model_id.c_str(), topo.shape.c_str(), topo.accelerator_type.c_str(), topo.world_size());
     std::fflush(stdout);
   }
+  // Under `launch` (or torchrun-style spawners) the collective timeout comes from
+  // SLICETRAIN_TIMEOUT_MS unless the worker command names its own.
+  if (a.timeout_given) env.collective_timeout_ms = a.timeout_ms;
   ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
   if (worker->rank() != 0) {
     ST_RETURN_IF_ERROR(RunFinetune(a.o, worker->world(), worker->collective()));
@@ -628,8 +632,11 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--threads", a->threads,
                   "Compute threads per local worker (default: $OMP_NUM_THREADS, else the CPUs this "
                   "process may use, from its affinity mask and cgroup quota, / workers)");
-  cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective")
-      ->capture_default_str();
+  cmd->add_option("--timeout-ms", a->timeout_ms,
+                  "Timeout of every collective; a rank blocked longer fails the group (under "
+                  "`launch` the default is $SLICETRAIN_TIMEOUT_MS)")
+      ->capture_default_str()
+      ->each([a](const std::string&) { a->timeout_given = true; });
   cmd->add_option("--max-failures", a->max_failures,
                   "Restart all workers from the latest checkpoint after a lost worker or a "
                   "collective timeout, at most this many times (Ray Train's FailureConfig)")

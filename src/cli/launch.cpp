@@ -23,6 +23,7 @@ struct LaunchArgs {
   int max_failures = 0;
   bool dry_run = false;
   int threads = 0;  // compute threads per worker; 0 = OMP_NUM_THREADS, else usable CPUs / nproc
+  int rendezvous_timeout_ms = -1;  // -1: SLICETRAIN_RENDEZVOUS_TIMEOUT_MS, else 600000
   std::vector<std::string> command;
 };
 
@@ -49,6 +50,7 @@ void PrintDryRun(const launch::ClusterEnv& env, int nproc, int threads,
   j["tpu_name"] = env.tpu_name;
   j["tpu_topology"] = env.tpu_topology;
   j["collective_timeout_ms"] = env.collective_timeout_ms;
+  j["rendezvous_timeout_ms"] = env.rendezvous_timeout_ms;
   j["transport"] = env.transport;
   j["threads_per_worker"] = threads;
   j["cpus"] = launch::ReadCpuBudget().Describe();
@@ -72,6 +74,10 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
     secret = launch::NewSecret();
   }
   if (a.threads < 0) return InvalidArgument("--threads must be >= 0 (0: derived from the CPUs)");
+  if (a.rendezvous_timeout_ms >= 0) env.rendezvous_timeout_ms = a.rendezvous_timeout_ms;
+  if (env.rendezvous_timeout_ms < 1000)
+    return InvalidArgument("--rendezvous-timeout-ms (SLICETRAIN_RENDEZVOUS_TIMEOUT_MS) must be at "
+                           "least 1000");
   const int threads = launch::ThreadsPerWorker(launch::ReadCpuBudget(), nproc,
                                                a.threads > 0 ? a.threads : env.threads);
   if (a.dry_run) {
@@ -99,6 +105,7 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   plan.secret = secret;
   plan.host_ip = host_ip;
   plan.collective_timeout_ms = env.collective_timeout_ms;
+  plan.rendezvous_timeout_ms = env.rendezvous_timeout_ms;
   plan.threads = threads;
   launch::SupervisorOptions so;
   so.grace = std::chrono::milliseconds(a.grace_ms);
@@ -141,6 +148,10 @@ void RegisterLaunchCommand(CLI::App& app, Context& ctx) {
                   "Restart this host's workers after a lost worker or a collective timeout, at "
                   "most this many times (they get SLICETRAIN_RESTART_ATTEMPT)")
       ->capture_default_str();
+  cmd->add_option("--rendezvous-timeout-ms", a->rendezvous_timeout_ms,
+                  "How long a (re)started worker waits for the store and its peers before it "
+                  "fails (default: $SLICETRAIN_RENDEZVOUS_TIMEOUT_MS, else 600000, torchrun's join "
+                  "timeout); after a network partition the group meets again within it");
   cmd->add_option("--threads", a->threads,
                   "Compute threads per worker (default: $OMP_NUM_THREADS, else the CPUs this "
                   "host lets the job use, from the affinity mask and cgroup quota, / "

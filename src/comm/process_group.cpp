@@ -59,7 +59,7 @@ Status ProcessGroup::Run(const std::string& op, int64_t count, DType dtype,
     seq = ++seq_;
     if (broken_)
       return Unavailable(StrCat("rank ", rank_, " (host ", host_, ") group '", name_, "': ", op,
-                                " #", seq, " refused: the group is broken (", broken_reason_, ")"));
+                                " #", seq, " refused: the group is broken: ", broken_reason_));
     CollectiveRecord rec;
     rec.seq = seq;
     rec.op = op;
@@ -99,7 +99,8 @@ Status ProcessGroup::Run(const std::string& op, int64_t count, DType dtype,
   {
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = true;
-    broken_reason_ = StrCat(op, " #", seq, " failed");
+    // The whole first failure: a later refusal is often the line a launcher quotes.
+    broken_reason_ = msg;
   }
   // A transport failure (lost peer, timeout) is what a restart of the group may cure.
   const bool caller_error =

@@ -50,6 +50,9 @@ struct ClusterEnv {
   std::string tpu_name;               // TPU_NAME
   std::string tpu_topology;           // TORCH_TPU_TOPOLOGY
   int collective_timeout_ms = 60000;  // SLICETRAIN_TIMEOUT_MS
+  // SLICETRAIN_RENDEZVOUS_TIMEOUT_MS (launch --rendezvous-timeout-ms): how long a worker waits for
+  // the store and its peers at a (re)start; torchrun's join timeout is 600 s as well.
+  int rendezvous_timeout_ms = 600000;
   // SLICETRAIN_TRANSPORT: how ranks talk (comm/group.h): auto (shared memory on a host, TCP
   // across hosts), tcp, shm.
   std::string transport = "auto";

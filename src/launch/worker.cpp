@@ -26,6 +26,9 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
     ST_ASSIGN_OR_RETURN(w->host_ip_, comm::LocalAddressFor(env.master_addr));
   }
   const auto timeout = std::chrono::milliseconds(std::max(env.collective_timeout_ms, 1000));
+  // How long this worker looks for the store and its peers before it gives up: the other hosts may
+  // start later (pods pulling images), restart later (after a partition heals) or be gone.
+  const auto rendezvous = std::max(timeout, std::chrono::milliseconds(env.rendezvous_timeout_ms));
   const std::string where = StrCat("rank ", env.rank, " (host ", w->host_ip_, ")");
   if (env.rank == 0) {
     // The store listens on the interface the job uses, never on every interface: loopback for a
@@ -43,14 +46,11 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   }
   // A restarted worker may reach the store of the generation that just failed, while its rank 0
   // has not noticed yet: that store already holds "group/formed", which a new group sets only once
-  // every rank has joined. Such a store is left alone until the new one is up: within the
-  // collective timeout, but at least kStaleStoreWait, since rank 0's host must first see the
-  // failure, let its worker write its records and exit, and start the next one (a CI run once
-  // took longer than the 8 s timeout of the fault test, and the retry used up a restart).
-  constexpr std::chrono::milliseconds kStaleStoreWait{30000};
-  const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, kStaleStoreWait);
-  auto client =
-      comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {timeout});
+  // every rank has joined. Such a store is left alone until the new one is up, within the
+  // rendezvous timeout. The connection drops a silent store host after the collective timeout.
+  const auto deadline = std::chrono::steady_clock::now() + rendezvous;
+  auto client = comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret,
+                                              {rendezvous}, timeout);
   while (env.rank != 0 && client.ok()) {
     auto stale = (*client)->Check({"group/formed"}, {timeout});
     if (stale.ok() && !*stale) break;  // a fresh store (an error: the old one going away)
@@ -64,17 +64,23 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
     const auto left = std::max(std::chrono::milliseconds(1000),
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    deadline - std::chrono::steady_clock::now()));
-    client = comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {left});
+    client = comm::TcpStoreClient::Connect(env.master_addr, env.master_port, env.secret, {left},
+                                           timeout);
   }
   // A rendezvous that fails (the store or a peer not there in time, or gone: a restarted group
   // whose other hosts have not restarted yet) is what a restart may cure: kUnavailable.
   auto unavailable = [&](const Status& s) {
-    return Status(StatusCode::kUnavailable, s.WithContext(where).message());
+    return Status(StatusCode::kUnavailable,
+                  s.WithContext(StrCat(where, " at the rendezvous (--rendezvous-timeout-ms ",
+                                       rendezvous.count(), ")"))
+                      .message());
   };
   if (!client.ok()) return unavailable(client.status());
   w->store_ = std::shared_ptr<comm::Store>(std::move(*client));
   comm::GroupOptions o = w->GroupOptions();
-  o.connect_timeout = timeout;
+  const auto left = std::max(timeout, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          deadline - std::chrono::steady_clock::now()));
+  o.connect_timeout = left;
   auto world = comm::CreateProcessGroup(w->store_, env.rank, env.world_size, o);
   if (!world.ok()) return unavailable(world.status());
   w->world_ = std::move(*world);
@@ -85,27 +91,49 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   return w;
 }
 
-Status Worker::Shutdown() {
+// Every rank's last store call is an idempotent "goodbye" key (safe to resend after a reconnect);
+// rank 0 keeps serving until it has every one, so no rank loses the store mid-call. The work is
+// done by then (the final collectives completed on every rank), so a goodbye that cannot be said
+// or heard is a warning, never a failed job.
+Status Worker::Shutdown(bool work_done) {
   if (!store_) return Status::Ok();
-  const comm::StoreOptions o{std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000))};
+  if (!work_done) {
+    world_.reset();
+    store_.reset();
+    server_.reset();
+    return Status::Ok();
+  }
+  const auto timeout = std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000));
   world_.reset();
-  Status st = comm::StoreBarrier(*store_, "shutdown", env_.world_size, o);
-  if (st.ok()) {
-    if (env_.rank == 0) {
-      // Wait until every other rank has seen the barrier complete before the store goes away.
-      const auto deadline = std::chrono::steady_clock::now() + o.timeout;
-      while (std::chrono::steady_clock::now() < deadline) {
-        auto n = store_->Add("shutdown/left", 0, o);
-        if (!n.ok() || *n >= env_.world_size - 1) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::string mine = StrCat("shutdown/", env_.rank);
+  if (env_.rank != 0) {
+    Status said = store_->Set(mine, "1", {timeout});
+    if (!said.ok()) said = store_->Set(mine, "1", {timeout});  // once more, on a new connection
+    if (!said.ok())
+      std::fprintf(stderr,
+                   "slicetrain: warning: rank %d finished but could not say goodbye to the "
+                   "rendezvous store (%s); its work is complete\n",
+                   env_.rank, said.message().c_str());
+  } else {
+    std::vector<std::string> keys;
+    for (int r = 1; r < env_.world_size; ++r) keys.push_back(StrCat("shutdown/", r));
+    if (!keys.empty() && !store_->Wait(keys, {timeout}).ok()) {
+      std::string missing;
+      for (const auto& k : keys) {
+        auto has = store_->Check({k}, {timeout});
+        if (has.ok() && !*has) missing += (missing.empty() ? "" : ", ") + k.substr(9);
       }
-    } else {
-      (void)store_->Add("shutdown/left", 1, o);
+      std::fprintf(stderr,
+                   "slicetrain: warning: rank 0 finished; rank(s) %s did not reach the end within "
+                   "%lld ms (their own launchers report why)\n",
+                   missing.empty() ? "?" : missing.c_str(),
+                   static_cast<long long>(timeout.count()));
     }
   }
+  std::fflush(stderr);
   store_.reset();
   server_.reset();
-  return st;
+  return Status::Ok();
 }
 
 Worker::~Worker() {
@@ -133,6 +161,7 @@ std::vector<WorkerSpec> PlanLocalWorkers(const LocalPlan& p) {
              {"SLICETRAIN_SECRET", p.secret},
              {"SLICETRAIN_HOST_IP", p.host_ip},
              {"SLICETRAIN_TIMEOUT_MS", std::to_string(p.collective_timeout_ms)},
+             {"SLICETRAIN_RENDEZVOUS_TIMEOUT_MS", std::to_string(p.rendezvous_timeout_ms)},
              // The same count for OpenMP's initial teams as SetNumThreads gives the compute.
              {"SLICETRAIN_THREADS", std::to_string(p.threads)},
              {"OMP_NUM_THREADS", std::to_string(p.threads)}};

@@ -39,8 +39,9 @@ class Worker {
   comm::GroupOptions GroupOptions() const;
   comm::ProcessGroup& world() { return *world_; }
   const ClusterEnv& env() const { return env_; }
-  // Final rendezvous: rank 0 keeps serving the store until every rank has left.
-  Status Shutdown();
+  // Final rendezvous: rank 0 keeps serving the store until every rank has said goodbye.
+  // `work_done` false (the job failed on this rank): close without waiting for anyone.
+  Status Shutdown(bool work_done = true);
 
  private:
   Worker() = default;
@@ -64,6 +65,7 @@ struct LocalPlan {
   std::string secret;
   std::string host_ip = "127.0.0.1";
   int collective_timeout_ms = 60000;
+  int rendezvous_timeout_ms = 600000;
   int threads = 1;  // compute threads of each worker (SLICETRAIN_THREADS, OMP_NUM_THREADS)
 };
 std::vector<WorkerSpec> PlanLocalWorkers(const LocalPlan& plan);

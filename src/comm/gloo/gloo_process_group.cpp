@@ -333,9 +333,11 @@ class GlooProcessGroup final : public ProcessGroup {
   // whose last published collective is older than `seq` (dead, stuck or stopped ranks; a rank
   // that entered `seq` less than one publish period before stopping may also be listed).
   std::string MissingRanks(uint64_t seq) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * kPublishMs));
+    // Within a second of the timeout in all: two publish periods, then calls that a reachable
+    // store answers in milliseconds (an unreachable one makes the report "unknown").
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 * kPublishMs));
     std::string out;
-    const StoreOptions quick{std::chrono::milliseconds(2000)};
+    const StoreOptions quick{std::chrono::milliseconds(500)};
     for (int p = 0; p < size(); ++p) {
       const std::string key = "progress/" + std::to_string(p);
       auto has = store_->Check({key}, quick);
@@ -379,7 +381,7 @@ class GlooProcessGroup final : public ProcessGroup {
         lock.unlock();
         if (store_
                 ->Set("progress/" + std::to_string(rank()), std::to_string(s),
-                      {std::chrono::milliseconds(2000)})
+                      {std::chrono::milliseconds(500)})  // short: the destructor joins this
                 .ok())
           published = s;
         lock.lock();

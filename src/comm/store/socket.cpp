@@ -1,6 +1,7 @@
 #include "comm/store/socket.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -71,14 +73,35 @@ StatusOr<Fd> ConnectWithRetry(const std::string& host, int port, Clock::time_poi
     auto res = Resolve(host, port, false, SOCK_STREAM);
     if (res.ok()) {
       for (addrinfo* a = res->get(); a; a = a->ai_next) {
-        Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+        // Non-blocking, so that a host that drops SYNs (a link down on its side) costs at most
+        // the time left, not the kernel's two minutes of SYN retries.
+        Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                       a->ai_protocol));
         if (!fd.valid()) continue;
-        if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+        int err = ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+        if (err == EINPROGRESS) {
+          pollfd p{fd.get(), POLLOUT, 0};
+          // Retry a silent attempt every 2 s: a SYN lost while a link was down is not resent
+          // before 3 s (then 6, 12 ...), and a fresh socket starts over at once.
+          const int wait = std::min(MillisLeft(deadline), 2000);
+          int rc;
+          do {
+            rc = ::poll(&p, 1, wait);
+          } while (rc < 0 && errno == EINTR);
+          socklen_t len = sizeof(err);
+          if (rc <= 0)
+            err = ETIMEDOUT;
+          else if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+            err = errno;
+        }
+        if (err == 0) {
           int one = 1;
           setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          // Back to blocking mode: SendAll/RecvAll poll themselves and pass MSG_DONTWAIT.
+          ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
           return fd;
         }
-        last_error = std::strerror(errno);
+        last_error = std::strerror(err);
       }
     } else {
       last_error = res.status().message();

@@ -1,6 +1,8 @@
 #include "comm/store/tcp_store.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,7 +13,8 @@ namespace st::comm {
 
 namespace {
 
-constexpr char kMagic[] = "STSTORE1";
+// v2: requests carry a u64 sequence number that the reply echoes (v1 clients are turned away).
+constexpr char kMagic[] = "STSTORE2";
 constexpr uint32_t kMaxFrame = 64u << 20;  // bytes; a store value is small
 constexpr auto kForever = std::chrono::hours(24 * 365);
 
@@ -229,48 +232,105 @@ std::string ServeStoreRequest(KvTable& table, const StoreRequest& q) {
 
 Status TcpStoreServer::HandleOne(int fd, bool* keep_going) {
   ST_ASSIGN_OR_RETURN(std::string req, RecvFrame(fd, Clock::now() + kForever));
-  StatusOr<StoreRequest> q = DecodeStoreRequest(req);
+  // u64 sequence number, echoed in the reply, then the request.
   std::string reply;
-  if (q.ok()) {
-    reply = ServeStoreRequest(table_, *q);
-  } else {
-    reply.assign(1, static_cast<char>(kBadRequest));
+  if (req.size() < 8) {
+    reply = std::string(8, '\0') + static_cast<char>(kBadRequest);
     *keep_going = false;
+  } else {
+    reply = req.substr(0, 8);
+    StatusOr<StoreRequest> q = DecodeStoreRequest(std::string_view(req).substr(8));
+    if (q.ok()) {
+      reply += ServeStoreRequest(table_, *q);
+    } else {
+      reply += static_cast<char>(kBadRequest);
+      *keep_going = false;
+    }
   }
   return SendFrame(fd, reply, Clock::now() + std::chrono::seconds(30));
 }
 
-StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host, int port,
-                                                                  const std::string& secret,
-                                                                  const StoreOptions& opts) {
-  const std::string where = StrCat("store ", host, ":", port);
-  const auto deadline = Clock::now() + opts.timeout;
-  ST_ASSIGN_OR_RETURN(Fd fd, ConnectWithRetry(host, port, deadline));
-  Status st = SendFrame(fd.get(), std::string(kMagic) + secret, deadline);
+StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
+    const std::string& host, int port, const std::string& secret, const StoreOptions& opts,
+    std::chrono::milliseconds dead_peer) {
+  std::unique_ptr<TcpStoreClient> c(new TcpStoreClient());
+  c->host_ = host;
+  c->port_ = port;
+  c->secret_ = secret;
+  c->where_ = StrCat("store ", host, ":", port);
+  c->dead_peer_ = dead_peer;
+  ST_RETURN_IF_ERROR(c->Open(Clock::now() + opts.timeout));
+  c->reconnects_ = 0;
+  return c;
+}
+
+Status TcpStoreClient::Open(Clock::time_point deadline) {
+  fd_.Reset();
+  ST_ASSIGN_OR_RETURN(Fd fd, ConnectWithRetry(host_, port_, deadline));
+  if (dead_peer_.count() > 0) {
+    // Probe an idle connection every second and give up on unacknowledged data (or probes) after
+    // `dead_peer_`: a blocking get on a host that vanished fails then, not at its own timeout.
+    const int one = 1, idle = 1, interval = 1;
+    const int count = static_cast<int>(std::max<int64_t>(1, dead_peer_.count() / 1000));
+    const unsigned user_timeout = static_cast<unsigned>(dead_peer_.count());
+    setsockopt(fd.get(), SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
+  }
+  Status st = SendFrame(fd.get(), std::string(kMagic) + secret_, deadline);
   StatusOr<std::string> reply = st.ok() ? RecvFrame(fd.get(), deadline) : StatusOr<std::string>(st);
-  if (!reply.ok()) return reply.status().WithContext(where);
+  if (!reply.ok()) return reply.status().WithContext(where_);
   if (reply->size() != 1 || (*reply)[0] != static_cast<char>(kOk))
-    return InvalidArgument(where + " rejected this client: wrong job secret (SLICETRAIN_SECRET)");
-  return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(std::move(fd), where));
+    return InvalidArgument(where_ + " rejected this client: wrong job secret (SLICETRAIN_SECRET)");
+  fd_ = std::move(fd);
+  ++reconnects_;
+  return Status::Ok();
 }
 
 Status TcpStoreClient::Call(const std::string& request, std::string* reply,
-                            std::chrono::milliseconds wait, const std::string& what) {
+                            std::chrono::milliseconds wait, bool blocking,
+                            const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
-  // The reply may legitimately take `wait` (a blocking get); allow 10 s more for the network.
-  const auto deadline = Clock::now() + wait + std::chrono::seconds(10);
-  Status st = SendFrame(fd_.get(), request, deadline);
+  // A blocking get/wait may legitimately take `wait`; allow 2 s more for the network. Other calls
+  // are answered at once, so `wait` bounds the round trip.
+  const auto deadline = Clock::now() + wait + (blocking ? std::chrono::seconds(2) : std::chrono::seconds(0));
+  const std::string context = StrCat(where_, " (", what, "; is rank 0 still alive?)");
+  // The previous call failed on the wire: its reply (if any) died with that connection.
+  if (!fd_.valid()) {
+    Status opened = Open(deadline);
+    if (!opened.ok()) return opened.WithContext(context);
+  }
+  const uint64_t seq = ++seq_;
+  std::string frame;
+  frame.reserve(8 + request.size());
+  PutI64(frame, static_cast<int64_t>(seq));
+  frame += request;
+  Status st = SendFrame(fd_.get(), frame, deadline);
   StatusOr<std::string> r = st.ok() ? RecvFrame(fd_.get(), deadline) : StatusOr<std::string>(st);
-  if (!r.ok())
-    return r.status().WithContext(StrCat(where_, " (", what, "; is rank 0 still alive?)"));
-  if (r->empty()) return IoError(StrCat(where_, ": empty reply to ", what));
-  switch (static_cast<uint8_t>((*r)[0])) {
+  // Whatever goes wrong from here on leaves the connection in an unknown state: close it.
+  if (!r.ok()) {
+    fd_.Reset();
+    return r.status().WithContext(context);
+  }
+  Reader rr{*r};
+  const auto echoed = static_cast<uint64_t>(rr.Fixed<int64_t>());
+  const uint8_t code = rr.Fixed<uint8_t>();
+  if (rr.bad || echoed != seq) {
+    fd_.Reset();
+    return Internal(rr.bad ? StrCat(where_, ": malformed reply to ", what)
+                           : StrCat(where_, ": reply to request #", echoed, " while waiting for #",
+                                    seq, " (", what, "); connection closed"));
+  }
+  switch (code) {
     case kOk:
-      *reply = r->substr(1);
+      *reply = r->substr(rr.pos);
       return Status::Ok();
     case kTimeout:
       return Unavailable(StrCat(where_, ": ", what, " timed out after ", wait.count(), " ms"));
     default:
+      fd_.Reset();
       return Internal(StrCat(where_, ": server refused ", what));
   }
 }
@@ -280,14 +340,14 @@ Status TcpStoreClient::Set(const std::string& key, const std::string& value,
   std::string req(1, static_cast<char>(kSet)), reply;
   PutStr(req, key);
   PutStr(req, value);
-  return Call(req, &reply, opts.timeout, "set " + key);
+  return Call(req, &reply, opts.timeout, false, "set " + key);
 }
 
 StatusOr<std::string> TcpStoreClient::Get(const std::string& key, const StoreOptions& opts) {
   std::string req(1, static_cast<char>(kGet)), reply;
   PutStr(req, key);
   PutI64(req, opts.timeout.count());
-  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "get " + key));
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, true, "get " + key));
   Reader r{reply};
   std::string v = r.Str();
   if (r.bad) return Internal(where_ + ": malformed reply to get");
@@ -299,7 +359,7 @@ StatusOr<int64_t> TcpStoreClient::Add(const std::string& key, int64_t delta,
   std::string req(1, static_cast<char>(kAdd)), reply;
   PutStr(req, key);
   PutI64(req, delta);
-  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "add " + key));
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, false, "add " + key));
   Reader r{reply};
   int64_t v = r.Fixed<int64_t>();
   if (r.bad) return Internal(where_ + ": malformed reply to add");
@@ -314,7 +374,7 @@ StatusOr<std::string> TcpStoreClient::CompareSet(const std::string& key,
   PutStr(req, key);
   PutStr(req, expected);
   PutStr(req, desired);
-  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "compare_set " + key));
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, false, "compare_set " + key));
   Reader r{reply};
   std::string v = r.Str();
   if (r.bad) return Internal(where_ + ": malformed reply to compare_set");
@@ -329,7 +389,7 @@ Status TcpStoreClient::Wait(const std::vector<std::string>& keys, const StoreOpt
     names += (names.empty() ? "" : ", ") + k;
   }
   PutI64(req, opts.timeout.count());
-  return Call(req, &reply, opts.timeout, "wait for [" + names + "]");
+  return Call(req, &reply, opts.timeout, true, "wait for [" + names + "]");
 }
 
 StatusOr<bool> TcpStoreClient::Check(const std::vector<std::string>& keys,
@@ -337,7 +397,7 @@ StatusOr<bool> TcpStoreClient::Check(const std::vector<std::string>& keys,
   std::string req(1, static_cast<char>(kCheck)), reply;
   PutU32(req, static_cast<uint32_t>(keys.size()));
   for (const auto& k : keys) PutStr(req, k);
-  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, "check"));
+  ST_RETURN_IF_ERROR(Call(req, &reply, opts.timeout, false, "check"));
   return !reply.empty() && reply[0] == 1;
 }
 

@@ -65,12 +65,19 @@ class TcpStoreServer {
   std::atomic<int> rejected_{0};
 };
 
+// A client never reads a reply that is not its own: every request carries a sequence number the
+// server echoes, and a call that fails on the wire (timeout, reset, a reply with another number or
+// malformed) closes the connection; the next call opens a new one (with the secret) first. A
+// server that answered "timeout" to a blocking get/wait leaves the connection in use.
 class TcpStoreClient final : public Store {
  public:
   // Connects (retrying until opts.timeout: the server may start later) and authenticates.
-  static StatusOr<std::unique_ptr<TcpStoreClient>> Connect(const std::string& host, int port,
-                                                           const std::string& secret,
-                                                           const StoreOptions& opts = {});
+  // `dead_peer` > 0 bounds how long the connection survives a silent peer (a host or link that is
+  // gone): TCP keepalive probes every second and TCP_USER_TIMEOUT, so that even a blocking get
+  // fails within about `dead_peer` instead of its own timeout.
+  static StatusOr<std::unique_ptr<TcpStoreClient>> Connect(
+      const std::string& host, int port, const std::string& secret, const StoreOptions& opts = {},
+      std::chrono::milliseconds dead_peer = std::chrono::milliseconds(0));
   Status Set(const std::string& key, const std::string& value, const StoreOptions& opts) override;
   StatusOr<std::string> Get(const std::string& key, const StoreOptions& opts) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta, const StoreOptions& opts) override;
@@ -80,15 +87,26 @@ class TcpStoreClient final : public Store {
   StatusOr<bool> Check(const std::vector<std::string>& keys, const StoreOptions& opts) override;
 
  private:
-  explicit TcpStoreClient(Fd fd, std::string where)
-      : fd_(std::move(fd)), where_(std::move(where)) {}
-  // Sends one request and reads the reply; `reply` gets the payload after the status byte.
+  TcpStoreClient() = default;
+  // Opens and authenticates a connection, retrying refused connects until `deadline`.
+  Status Open(Clock::time_point deadline);
+  // Sends one request and reads its reply; `reply` gets the payload after the status byte.
+  // `blocking`: the server may hold the reply for `wait` (get, wait), so the deadline is `wait`
+  // plus a network allowance; other calls must be answered within `wait`.
   Status Call(const std::string& request, std::string* reply, std::chrono::milliseconds wait,
-              const std::string& what);
+              bool blocking, const std::string& what);
 
   std::mutex mu_;
-  Fd fd_;
-  std::string where_;
+  Fd fd_;  // invalid after a failed call, until the next call reconnects
+  std::string host_, secret_, where_;
+  int port_ = 0;
+  std::chrono::milliseconds dead_peer_{0};
+  uint64_t seq_ = 0;   // of the last request sent
+  int reconnects_ = 0;
+
+ public:
+  // Connections opened after the first (for tests and the fault docs).
+  int reconnects() const { return reconnects_; }
 };
 
 }  // namespace st::comm
