@@ -8,8 +8,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <regex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -97,6 +101,97 @@ class Proc {
   int fd_ = -1;
   bool exited_ = false;
   std::string out_;
+};
+
+// A child process (in a process group of its own) whose stdout and stderr a thread collects, so
+// that a test can wait for a line and act (kill a worker, cut a link) while several jobs run.
+class BackgroundProc {
+ public:
+  explicit BackgroundProc(const std::vector<std::string>& argv,
+                const std::vector<std::string>& extra_env = {}) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return;
+    std::vector<std::string> args = argv;
+    std::vector<char*> cargv;
+    for (auto& a : args) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::vector<std::string> env = extra_env;
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(p[1], 1);
+      dup2(p[1], 2);
+      for (auto& kv : env) putenv(kv.data());
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(p[1]);
+    reader_ = std::thread([this, fd = p[0]] {
+      char buf[4096];
+      for (;;) {
+        ssize_t k = read(fd, buf, sizeof(buf));
+        std::lock_guard<std::mutex> lock(mu_);
+        if (k <= 0) {
+          eof_ = true;
+          cv_.notify_all();
+          break;
+        }
+        out_.append(buf, static_cast<size_t>(k));
+        cv_.notify_all();
+      }
+      close(fd);
+    });
+  }
+  ~BackgroundProc() {
+    if (pid_ > 0 && !waited_) {
+      kill(-pid_, SIGKILL);
+      Wait(std::chrono::seconds(30));
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+  BackgroundProc(const BackgroundProc&) = delete;
+  BackgroundProc& operator=(const BackgroundProc&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::string out() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return out_;
+  }
+  // Waits until the output matches `re` (true), or the process closed its output or the timeout
+  // passed (false).
+  bool WaitFor(const std::string& re, std::chrono::seconds timeout) {
+    const std::regex r(re);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return eof_ || std::regex_search(out_, r); });
+    return std::regex_search(out_, r);
+  }
+  // Exit code, 128 + signal, or -1 when it did not end in time (then it is killed).
+  int Wait(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int status = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        waited_ = true;
+        if (reader_.joinable()) reader_.join();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    waited_ = true;
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool waited_ = false;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string out_;
+  bool eof_ = false;
 };
 
 // Lines of `s` that contain `needle`.

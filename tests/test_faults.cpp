@@ -25,106 +25,17 @@
 #include <thread>
 #include <vector>
 
+#include "proc_util.h"
 #include "test_util.h"
 
 namespace st {
 namespace {
 
 namespace fs = std::filesystem;
+using Proc = testing::BackgroundProc;
 using test::NewestCheckpoint;
 using test::ReadFile;
 using Clock = std::chrono::steady_clock;
-
-// A child process whose stdout and stderr are collected by a thread, so that a test can wait for a
-// line and act (kill a worker) while the job runs.
-class Proc {
- public:
-  explicit Proc(const std::vector<std::string>& argv,
-                const std::vector<std::string>& extra_env = {}) {
-    int p[2];
-    EXPECT_EQ(pipe2(p, O_CLOEXEC), 0);
-    std::vector<std::string> args = argv;
-    std::vector<char*> cargv;
-    for (auto& a : args) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    std::vector<std::string> env = extra_env;
-    pid_ = fork();
-    if (pid_ == 0) {
-      setpgid(0, 0);
-      dup2(p[1], 1);
-      dup2(p[1], 2);
-      for (auto& kv : env) putenv(kv.data());
-      execv(cargv[0], cargv.data());
-      _exit(127);
-    }
-    close(p[1]);
-    reader_ = std::thread([this, fd = p[0]] {
-      char buf[4096];
-      for (;;) {
-        ssize_t k = read(fd, buf, sizeof(buf));
-        std::lock_guard<std::mutex> lock(mu_);
-        if (k <= 0) {
-          eof_ = true;
-          cv_.notify_all();
-          break;
-        }
-        out_.append(buf, static_cast<size_t>(k));
-        cv_.notify_all();
-      }
-      close(fd);
-    });
-  }
-  ~Proc() {
-    if (pid_ > 0 && !waited_) {
-      kill(-pid_, SIGKILL);
-      Wait(std::chrono::seconds(30));
-    }
-    if (reader_.joinable()) reader_.join();
-  }
-  Proc(const Proc&) = delete;
-  Proc& operator=(const Proc&) = delete;
-
-  pid_t pid() const { return pid_; }
-  std::string out() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return out_;
-  }
-  // Waits until the output matches `re` (true), or the process closed its output or the timeout
-  // passed (false).
-  bool WaitFor(const std::string& re, std::chrono::seconds timeout) {
-    const std::regex r(re);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return eof_ || std::regex_search(out_, r); });
-    return std::regex_search(out_, r);
-  }
-  // Exit code, 128 + signal, or -1 when it did not end in time (then it is killed).
-  int Wait(std::chrono::seconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    int status = 0;
-    while (Clock::now() < deadline) {
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        waited_ = true;
-        if (reader_.joinable()) reader_.join();
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    kill(-pid_, SIGKILL);
-    waitpid(pid_, &status, 0);
-    waited_ = true;
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool waited_ = false;
-  std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::string out_;
-  bool eof_ = false;
-};
 
 // The pids of the worker processes a driver or launcher started (its children, by pid).
 std::vector<pid_t> Workers(pid_t parent) {
@@ -315,6 +226,8 @@ TEST_F(Faults, LaunchRestartsAcrossHostsAndGivesUpOnAHostThatNeverReturns) {
                                      failures,
                                      "--grace-ms",
                                      "1000",
+                                     "--rendezvous-timeout-ms",
+                                     "20000",
                                      "--"};
     std::vector<std::string> ft = Finetune(run, {});
     std::replace(ft.begin(), ft.end(), std::string("2"), std::string("2x1"));  // --topology
@@ -365,7 +278,10 @@ TEST_F(Faults, LaunchRestartsAcrossHostsAndGivesUpOnAHostThatNeverReturns) {
     EXPECT_NE(code, 0) << out;
     EXPECT_NE(code, -1) << "host 0 waited forever: " << out;
     EXPECT_NE(out.find("slicetrain launch: error: node 0 (127.0.0.1): "), std::string::npos) << out;
-    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(290));
+    EXPECT_NE(out.find("at the rendezvous (--rendezvous-timeout-ms 20000)"), std::string::npos)
+        << out;
+    // The collective timeout (8 s), then one restart that waits 20 s at the rendezvous.
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(90));
   }
 }
 

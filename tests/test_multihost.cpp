@@ -11,92 +11,22 @@
 #include <regex>
 #include <set>
 
+#include "netns_util.h"
 #include "proc_util.h"
 #include "test_util.h"
 
 namespace st {
 namespace {
 
+using testing::Cat;
+using testing::IpTool;
+using testing::Namespaces;
+
 using std::chrono::seconds;
 using testing::LinesWith;
 using testing::Proc;
 
 const std::string kBin = ST_BINARY;
-
-std::string IpTool() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
-    if (std::filesystem::exists(p)) return p;
-  return "";
-}
-
-// Appends its arguments (GCC 12 reports a false -Wrestrict on `"literal" + std::string`).
-template <typename... A>
-std::string Cat(const A&... a) {
-  std::string s;
-  (s.append(a), ...);
-  return s;
-}
-
-bool Sh(const std::string& cmd) {
-  return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// Owns the namespaces: "<tag>sw" holds the bridge, "<tag>h<i>" are the hosts at 10.231.0.<i+1>.
-class Namespaces {
- public:
-  Namespaces(std::string ip, int hosts) : ip_(std::move(ip)), hosts_(hosts) {
-    tag_ = Cat("st", std::to_string(getpid() % 100000));
-    Remove();
-  }
-  ~Namespaces() { Remove(); }
-  Namespaces(const Namespaces&) = delete;
-  Namespaces& operator=(const Namespaces&) = delete;
-
-  std::string Host(int i) const { return Cat(tag_, "h", std::to_string(i)); }
-  static std::string Addr(int i) { return Cat("10.231.0.", std::to_string(i + 1)); }
-
-  // Creates the namespaces; "" on success, else why the test must be skipped.
-  std::string CreateOrSayWhyNot() {
-    if (geteuid() != 0) return "needs root to create network namespaces";
-    if (ip_.empty()) return "iproute2 `ip` not found";
-    const std::string failed = Create();
-    return failed.empty() ? "" : Cat("`ip netns` unavailable here: `", failed, "` failed");
-  }
-
- private:
-  // Returns "" on success, else the command that failed.
-  std::string Create() {
-    const std::string sw = tag_ + "sw";
-    std::vector<std::string> cmds = {ip_ + " netns add " + sw,
-                                     ip_ + " -n " + sw + " link add br0 type bridge",
-                                     ip_ + " -n " + sw + " link set br0 up"};
-    for (int i = 0; i < hosts_; ++i) {
-      const std::string h = Host(i), vh = tag_ + "v" + std::to_string(i),
-                        vs = tag_ + "s" + std::to_string(i);
-      for (const std::string& c :
-           {ip_ + " netns add " + h, ip_ + " link add " + vh + " type veth peer name " + vs,
-            ip_ + " link set " + vh + " netns " + h, ip_ + " link set " + vs + " netns " + sw,
-            ip_ + " -n " + sw + " link set " + vs + " master br0",
-            ip_ + " -n " + sw + " link set " + vs + " up",
-            ip_ + " -n " + h + " addr add " + Addr(i) + "/24 dev " + vh,
-            ip_ + " -n " + h + " link set " + vh + " up", ip_ + " -n " + h + " link set lo up"})
-        cmds.push_back(c);
-    }
-    for (const auto& c : cmds)
-      if (!Sh(c)) return c;
-    return "";
-  }
-
-  void Remove() {
-    for (int i = 0; i < hosts_; ++i) {
-      Sh(ip_ + " netns del " + Host(i));
-      Sh(ip_ + " link del " + tag_ + "v" + std::to_string(i));  // if it never moved
-    }
-    Sh(ip_ + " netns del " + tag_ + "sw");
-  }
-  std::string ip_, tag_;
-  int hosts_;
-};
 
 // One `slicetrain launch --nproc-per-node <per_host> -- <command>` in every host's namespace, with
 // the Kubernetes Indexed Job environment (JOB_COMPLETION_INDEX + SLICETRAIN_HOSTS).
@@ -107,7 +37,7 @@ std::vector<std::unique_ptr<Proc>> LaunchOnEveryHost(const std::string& ip, cons
                                                      const std::string& secret,
                                                      const std::string& timeout_ms) {
   std::string addrs;
-  for (int i = 0; i < hosts; ++i) addrs = Cat(addrs, i ? "," : "", Namespaces::Addr(i));
+  for (int i = 0; i < hosts; ++i) addrs = Cat(addrs, i ? "," : "", ns.Addr(i));
   std::vector<std::unique_ptr<Proc>> launchers;
   for (int i = 0; i < hosts; ++i) {
     std::vector<std::string> argv = {ip,
@@ -148,7 +78,7 @@ TEST(MultiHost, FourNamespacesOfFourWorkersRunCollectives) {
     std::snprintf(want, sizeof(want),
                   "Rank %2d (worker_id=%d, local_rank=%d, ip=%s): all_reduce_sum=[136.0, 136.0, "
                   "136.0, 136.0]",
-                  r, r / 4, r % 4, Namespaces::Addr(r / 4).c_str());
+                  r, r / 4, r % 4, ns.Addr(r / 4).c_str());
     EXPECT_EQ(LinesWith(out, want).size(), 1u) << want << "\n" << out;
   }
   EXPECT_EQ(LinesWith(out, "All 16 slicetrain ranks verified DTensor TP parity").size(), 1u) << out;
@@ -217,7 +147,7 @@ TEST(MultiHost, ListenersBindTheJobsInterfaceOnly) {
       << launchers[0]->output();
   for (int i = 0; i < 2; ++i) {
     in_addr a{};
-    ASSERT_EQ(inet_pton(AF_INET, Namespaces::Addr(i).c_str(), &a), 1);
+    ASSERT_EQ(inet_pton(AF_INET, ns.Addr(i).c_str(), &a), 1);
     char want[16];
     std::snprintf(want, sizeof(want), "%08X", a.s_addr);  // as /proc/net/tcp writes it
     const test::Ran r =

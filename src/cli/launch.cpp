@@ -2,8 +2,10 @@
 // -- <subcommand args>`: starts this host's workers of a multi-host job (the role of torchrun),
 // prefixes their output with "(rank R pid=P ip=A)", forwards signals, and takes the group down
 // when one worker fails. Host layout comes from flags or the cluster environment (docs/runtime.md).
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -86,7 +88,22 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   }
   std::string host_ip = env.host_ip;
   if (host_ip.empty()) {
-    ST_ASSIGN_OR_RETURN(host_ip, comm::LocalAddressFor(env.master_addr));
+    // No route to the master yet (a pod's network still coming up, a link down): wait for one
+    // within the rendezvous timeout, as the workers would wait for the store.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(env.rendezvous_timeout_ms);
+    auto ip = comm::LocalAddressFor(env.master_addr);
+    if (!ip.ok())
+      std::fprintf(stderr, "slicetrain launch: %s; waiting up to %d ms for a route\n",
+                   ip.status().message().c_str(), env.rendezvous_timeout_ms);
+    while (!ip.ok() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ip = comm::LocalAddressFor(env.master_addr);
+    }
+    if (!ip.ok())
+      return Status(StatusCode::kUnavailable,
+                    ip.status().message() + " (gave up after --rendezvous-timeout-ms)");
+    host_ip = *ip;
   }
   launch::LocalPlan plan;
   plan.command = {launch::SelfExecutable()};
