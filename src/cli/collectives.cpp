@@ -26,6 +26,7 @@ struct CollectivesArgs {
   int64_t batch_size = 64;
   int64_t hidden_dim = 128;
   int timeout_ms = 60000;
+  bool timeout_given = false;  // on the command line: wins over SLICETRAIN_TIMEOUT_MS under launch
   int corrupt_rank = -1;  // hidden: this rank reports a wrong all_reduce result (tests)
   int threads = 0;        // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
 };
@@ -69,7 +70,9 @@ RankResult Decode(const std::string& s) {
 Status RunWorker(const CollectivesArgs& a, const launch::ClusterEnv& env,
                  const launch::Topology& topo) {
   ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
-  ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(env));
+  launch::ClusterEnv e = env;
+  if (a.timeout_given) e.collective_timeout_ms = a.timeout_ms;
+  ST_ASSIGN_OR_RETURN(auto worker, launch::Worker::Init(e));
   const int rank = worker->rank(), world = worker->world_size();
   const comm::CollectiveOptions copts = worker->collective();
 
@@ -171,8 +174,11 @@ void RegisterCollectivesCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--hidden-dim", a->hidden_dim, "Hidden size d (MLP width 4d)")
       ->capture_default_str();
-  cmd->add_option("--timeout-ms", a->timeout_ms, "Timeout of every collective (local workers)")
-      ->capture_default_str();
+  cmd->add_option("--timeout-ms", a->timeout_ms,
+                  "Timeout of every collective (under `launch` the default is "
+                  "$SLICETRAIN_TIMEOUT_MS)")
+      ->capture_default_str()
+      ->each([a](const std::string&) { a->timeout_given = true; });
   cmd->add_option("--threads", a->threads,
                   "Compute threads per local worker (default: $OMP_NUM_THREADS, else the usable "
                   "CPUs / workers)");
