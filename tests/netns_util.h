@@ -65,7 +65,9 @@ class Namespaces {
 
   // Host i's link to the bridge goes down (the host is cut off: packets are lost, connects fail
   // with "network unreachable" on its side) or comes back.
-  bool LinkDown(int i) const { return Sh(Cat(ip_, " -n ", Host(i), " link set ", Veth(i), " down")); }
+  bool LinkDown(int i) const {
+    return Sh(Cat(ip_, " -n ", Host(i), " link set ", Veth(i), " down"));
+  }
   bool LinkUp(int i) const { return Sh(Cat(ip_, " -n ", Host(i), " link set ", Veth(i), " up")); }
   // Host i sends at most `rate` (tc's syntax: "10mbit") through a token bucket.
   bool Shape(int i, const std::string& rate) const {

@@ -108,7 +108,7 @@ class Proc {
 class BackgroundProc {
  public:
   explicit BackgroundProc(const std::vector<std::string>& argv,
-                const std::vector<std::string>& extra_env = {}) {
+                          const std::vector<std::string>& extra_env = {}) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return;
     std::vector<std::string> args = argv;

@@ -203,12 +203,13 @@ TEST(Launch, JobSecretAppearsInNoOutputOrFile) {
   std::filesystem::remove_all(dir);
 }
 
-// Peers that notice a killed rank often exit (75, "a peer was lost") before the supervisor reaps the
-// rank itself; the report must still name the rank that died, not the first one that noticed.
+// Peers that notice a killed rank often exit (75, "a peer was lost") before the supervisor reaps
+// the rank itself; the report must still name the rank that died, not the first one that noticed.
 TEST(Supervisor, NamesTheWorkerThatDiedNotTheOneThatNoticed) {
   std::vector<launch::WorkerSpec> w(3);
   w[0] = {0, "127.0.0.1", {"/bin/sh", "-c", "sleep 5"}, {}};
-  w[1] = {1, "127.0.0.1",
+  w[1] = {1,
+          "127.0.0.1",
           {"/bin/sh", "-c", "sleep 0.1; echo 'slicetrain x: error: rank 2 exited' >&2; exit 75"},
           {}};
   w[2] = {2, "127.0.0.1", {"/bin/sh", "-c", "sleep 0.4; kill -9 $$"}, {}};

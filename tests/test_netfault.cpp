@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -236,10 +237,17 @@ TEST_F(NetFault, ALinkThatNeverComesBackEndsEveryHostNonZero) {
     EXPECT_EQ(rc, 75) << "host " << i << ":\n" << out;
     EXPECT_EQ(testing::LinesWith(out, "slicetrain launch: error: ").size(), 1u) << out;
     EXPECT_TRUE(Has(out, "at the rendezvous (--rendezvous-timeout-ms 8000)")) << out;
+    // The first failure is the collective that was blocked: within the timeout plus 1 s.
+    std::smatch m;
+    const std::regex failed(R"(failed after ([0-9]+) ms)");
+    ASSERT_TRUE(std::regex_search(out, m, failed)) << out;
+    EXPECT_GE(std::stoi(m[1]), 4000) << out;
+    EXPECT_LE(std::stoi(m[1]), 5000) << out;
   }
   // 4 s timeout + restart + 8 s rendezvous, with room for a loaded CI machine.
   EXPECT_LT(Clock::now() - t0, seconds(45));
-  for (int i = 0; i < 2; ++i) EXPECT_TRUE(ns_->Pids(i).empty()) << "a process is left on host " << i;
+  for (int i = 0; i < 2; ++i)
+    EXPECT_TRUE(ns_->Pids(i).empty()) << "a process is left on host " << i;
 }
 
 // Both links limited to 10 Mbit/s: the run is slower but finishes at the default timeout, with

@@ -1,7 +1,6 @@
 // Rendezvous stores: memory, TCP (with its secret) and prefix; blocking calls honour timeouts.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -130,7 +129,7 @@ class FakeStoreServer {
         if (!c.ok() || !c->valid()) return;
         Fd fd = std::move(*c);
         if (!ReadFrame(fd.get()).has_value()) continue;  // the hello
-        SendFrame(fd.get(), std::string(1, '\0'));        // admitted
+        SendFrame(fd.get(), std::string(1, '\0'));       // admitted
         script_(conn, fd.get());
       }
     });
@@ -204,7 +203,8 @@ TEST(TcpStoreClient, ALateReplyIsNeverTakenForTheNextCallsReply) {
 }
 
 // A server that answers one request twice: the duplicate carries the old sequence number, so the
-// next call fails (never returns the duplicate's value) and the one after works on a new connection.
+// next call fails (never returns the duplicate's value) and the one after works on a new
+// connection.
 TEST(TcpStoreClient, ADuplicateReplyIsRefusedAndTheConnectionReplaced) {
   FakeStoreServer server([](int conn, int fd) {
     int64_t value = conn == 0 ? 7 : 9;

@@ -27,8 +27,8 @@ struct CollectivesArgs {
   int64_t hidden_dim = 128;
   int timeout_ms = 60000;
   bool timeout_given = false;  // on the command line: wins over SLICETRAIN_TIMEOUT_MS under launch
-  int corrupt_rank = -1;  // hidden: this rank reports a wrong all_reduce result (tests)
-  int threads = 0;        // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
+  int corrupt_rank = -1;       // hidden: this rank reports a wrong all_reduce result (tests)
+  int threads = 0;  // compute threads per local worker; 0 = OMP_NUM_THREADS, else derived
 };
 
 // Python's repr of a float for the values this job prints (integral values keep ".0").

@@ -40,7 +40,7 @@ struct FinetuneArgs {
   int num_workers = 0;  // 0 = the topology's
   int timeout_ms = 120000;
   bool timeout_given = false;  // --timeout-ms on the command line: it wins over the launcher's
-  int max_failures = 0;  // restarts of the worker group from the latest checkpoint
+  int max_failures = 0;        // restarts of the worker group from the latest checkpoint
   // Rank 0's dashboard (docs/observe.md).
   std::string dashboard_host = "127.0.0.1";
   int dashboard_port = 8265;  // 0: any free port

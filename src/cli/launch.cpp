@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/commands.h"
 #include "comm/store/socket.h"
@@ -78,8 +78,9 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   if (a.threads < 0) return InvalidArgument("--threads must be >= 0 (0: derived from the CPUs)");
   if (a.rendezvous_timeout_ms >= 0) env.rendezvous_timeout_ms = a.rendezvous_timeout_ms;
   if (env.rendezvous_timeout_ms < 1000)
-    return InvalidArgument("--rendezvous-timeout-ms (SLICETRAIN_RENDEZVOUS_TIMEOUT_MS) must be at "
-                           "least 1000");
+    return InvalidArgument(
+        "--rendezvous-timeout-ms (SLICETRAIN_RENDEZVOUS_TIMEOUT_MS) must be at "
+        "least 1000");
   const int threads = launch::ThreadsPerWorker(launch::ReadCpuBudget(), nproc,
                                                a.threads > 0 ? a.threads : env.threads);
   if (a.dry_run) {
@@ -90,8 +91,8 @@ Status RunLaunch(const LaunchArgs& a, int* exit_code) {
   if (host_ip.empty()) {
     // No route to the master yet (a pod's network still coming up, a link down): wait for one
     // within the rendezvous timeout, as the workers would wait for the store.
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(env.rendezvous_timeout_ms);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(env.rendezvous_timeout_ms);
     auto ip = comm::LocalAddressFor(env.master_addr);
     if (!ip.ok())
       std::fprintf(stderr, "slicetrain launch: %s; waiting up to %d ms for a route\n",

@@ -103,8 +103,7 @@ StatusOr<ClusterEnv> DetectClusterEnv(const EnvMap& env, const LaunchFlags& flag
   if (const std::string* s = Find(env, "TPU_NAME")) c.tpu_name = *s;
   if (const std::string* s = Find(env, "TORCH_TPU_TOPOLOGY")) c.tpu_topology = *s;
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_TIMEOUT_MS", &c.collective_timeout_ms));
-  ST_RETURN_IF_ERROR(
-      ReadInt(env, "SLICETRAIN_RENDEZVOUS_TIMEOUT_MS", &c.rendezvous_timeout_ms));
+  ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_RENDEZVOUS_TIMEOUT_MS", &c.rendezvous_timeout_ms));
   ST_RETURN_IF_ERROR(ReadInt(env, "SLICETRAIN_RESTART_ATTEMPT", &c.restart_attempt));
   if (const std::string* s = Find(env, "SLICETRAIN_TRANSPORT")) {
     auto t = comm::ParseTransport(*s);

@@ -271,8 +271,8 @@ SupervisorResult RunWorkers(const std::vector<WorkerSpec>& workers, const Superv
         // SIGTERM replaces a cause that only reported the loss: peers often notice a killed rank
         // and exit before the supervisor reaps it, and the report must name the one that died.
         const bool secondary = WIFEXITED(status) && WEXITSTATUS(status) == kExitUnavailable;
-        const bool replaces = tearing_down && cause_is_secondary && !termed && !secondary &&
-                              result.failed_rank >= 0;
+        const bool replaces =
+            tearing_down && cause_is_secondary && !termed && !secondary && result.failed_rank >= 0;
         if (!ok && (!tearing_down || replaces)) {
           // Its last words are already in the pipe: read them so the message can quote them.
           ReadAvailable(c.out, c.prefix, opts.prefix_stdout);

@@ -9,8 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -75,8 +75,8 @@ StatusOr<Fd> ConnectWithRetry(const std::string& host, int port, Clock::time_poi
       for (addrinfo* a = res->get(); a; a = a->ai_next) {
         // Non-blocking, so that a host that drops SYNs (a link down on its side) costs at most
         // the time left, not the kernel's two minutes of SYN retries.
-        Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                       a->ai_protocol));
+        Fd fd(
+            ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
         if (!fd.valid()) continue;
         int err = ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
         if (err == EINPROGRESS) {

@@ -295,7 +295,8 @@ Status TcpStoreClient::Call(const std::string& request, std::string* reply,
   std::lock_guard<std::mutex> lock(mu_);
   // A blocking get/wait may legitimately take `wait`; allow 2 s more for the network. Other calls
   // are answered at once, so `wait` bounds the round trip.
-  const auto deadline = Clock::now() + wait + (blocking ? std::chrono::seconds(2) : std::chrono::seconds(0));
+  const auto deadline =
+      Clock::now() + wait + (blocking ? std::chrono::seconds(2) : std::chrono::seconds(0));
   const std::string context = StrCat(where_, " (", what, "; is rank 0 still alive?)");
   // The previous call failed on the wire: its reply (if any) died with that connection.
   if (!fd_.valid()) {

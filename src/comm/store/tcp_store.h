@@ -101,7 +101,7 @@ class TcpStoreClient final : public Store {
   std::string host_, secret_, where_;
   int port_ = 0;
   std::chrono::milliseconds dead_peer_{0};
-  uint64_t seq_ = 0;   // of the last request sent
+  uint64_t seq_ = 0;  // of the last request sent
   int reconnects_ = 0;
 
  public:
