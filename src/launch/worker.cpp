@@ -91,10 +91,12 @@ StatusOr<std::unique_ptr<Worker>> Worker::Init(const ClusterEnv& env) {
   return w;
 }
 
-// Every rank's last store call is an idempotent "goodbye" key (safe to resend after a reconnect);
-// rank 0 keeps serving until it has every one, so no rank loses the store mid-call. The work is
-// done by then (the final collectives completed on every rank), so a goodbye that cannot be said
-// or heard is a warning, never a failed job.
+// The last rendezvous, in idempotent keys (safe to resend after a reconnect): every rank says
+// "shutdown/<r>"; rank 0, once it has them all, sets "shutdown/done", which the others wait for,
+// so no rank exits while another may still be inside a collective (a shared-memory peer reads a
+// rank's exit as a failure); then each says "shutdown/left/<r>" and rank 0 serves until it has
+// those too, so no rank loses the store mid-call. The work is done by then (every rank finished its
+// collectives), so a goodbye that cannot be said or heard is a warning, never a failed job.
 Status Worker::Shutdown(bool work_done) {
   if (!store_) return Status::Ok();
   if (!work_done) {
@@ -104,23 +106,38 @@ Status Worker::Shutdown(bool work_done) {
     return Status::Ok();
   }
   const auto timeout = std::chrono::milliseconds(std::max(env_.collective_timeout_ms, 1000));
+  const comm::StoreOptions brief{std::chrono::milliseconds(1000)};
   world_.reset();
-  const std::string mine = StrCat("shutdown/", env_.rank);
-  if (env_.rank != 0) {
-    Status said = store_->Set(mine, "1", {timeout});
-    if (!said.ok()) said = store_->Set(mine, "1", {timeout});  // once more, on a new connection
-    if (!said.ok())
-      std::fprintf(stderr,
-                   "slicetrain: warning: rank %d finished but could not say goodbye to the "
-                   "rendezvous store (%s); its work is complete\n",
-                   env_.rank, said.message().c_str());
-  } else {
+  auto keys_of = [&](const std::string& prefix) {
     std::vector<std::string> keys;
-    for (int r = 1; r < env_.world_size; ++r) keys.push_back(StrCat("shutdown/", r));
-    if (!keys.empty() && !store_->Wait(keys, {timeout}).ok()) {
+    for (int r = 1; r < env_.world_size; ++r) keys.push_back(StrCat(prefix, r));
+    return keys;
+  };
+  if (env_.rank != 0) {
+    const std::string mine = StrCat("shutdown/", env_.rank);
+    Status said = store_->Set(mine, "1", {timeout});
+    if (!said.ok()) said = store_->Set(mine, "1", brief);  // once more, on a new connection
+    if (said.ok()) said = store_->Wait({"shutdown/done"}, {timeout});
+    if (said.ok()) {
+      (void)store_->Set(StrCat("shutdown/left/", env_.rank), "1", brief);  // rank 0 may go now
+    } else {
+      std::fprintf(stderr,
+                   "slicetrain: warning: rank %d finished but could not complete the final "
+                   "rendezvous (%s); its work is complete\n",
+                   env_.rank, said.message().c_str());
+    }
+  } else if (env_.world_size > 1) {
+    const std::vector<std::string> arrived = keys_of("shutdown/");
+    if (store_->Wait(arrived, {timeout}).ok()) {
+      (void)store_->Set("shutdown/done", "1", {timeout});
+      // Bounded apart: a "left" lost on the way only delays the exit (replies in flight still go
+      // out, the server closes the receiving side only).
+      (void)store_->Wait(keys_of("shutdown/left/"),
+                         {std::min(timeout, std::chrono::milliseconds(5000))});
+    } else {
       std::string missing;
-      for (const auto& k : keys) {
-        auto has = store_->Check({k}, {timeout});
+      for (const auto& k : arrived) {
+        auto has = store_->Check({k}, brief);
         if (has.ok() && !*has) missing += (missing.empty() ? "" : ", ") + k.substr(9);
       }
       std::fprintf(stderr,

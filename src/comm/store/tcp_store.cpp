@@ -117,7 +117,10 @@ TcpStoreServer::~TcpStoreServer() {
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(clients_mu_);
-    for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+    // Only the receiving side: a reply being sent still goes out. (Rank 0 leaves as soon as the
+    // last goodbye is in the table, while the thread that stored it may not have answered yet;
+    // cutting that reply made the rank retry against a closed port for its whole timeout.)
+    for (int fd : client_fds_) ::shutdown(fd, SHUT_RD);
     threads.swap(client_threads_);
   }
   for (auto& t : threads) t.join();
