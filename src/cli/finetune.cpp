@@ -148,6 +148,14 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.activation_checkpointing,
                                   "--precision",
                                   o.precision,
+                                  "--objective",
+                                  o.objective,
+                                  "--beta",
+                                  Num(o.beta),
+                                  "--loss-type",
+                                  o.loss_type,
+                                  "--label-smoothing",
+                                  Num(o.label_smoothing),
                                   "--freeze",
                                   o.freeze,
                                   "--lora-rank",
@@ -371,7 +379,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       shape.generated_weights = !from_dir;  // a preset
       shape.world = topo.world_size();
       shape.batch = a.o.batch_size_per_device;
-      shape.seq = a.o.max_seq_len;
+      shape.seq = a.o.objective == "sft" ? a.o.max_seq_len : 2 * a.o.max_seq_len;  // pairs
       shape.layer_units = a.o.fsdp_units == "layer";
       shape.accumulation = a.o.sync_each_batch ? 1 : a.o.gradient_accumulation_steps;
       shape.threads = a.threads > 0     ? a.threads
@@ -430,8 +438,9 @@ Status Run(FinetuneArgs& a, int* exit_code) {
   ST_RETURN_IF_ERROR(launch::CheckAgainstTopology(env, topo));
   if (env.rank == 0 && env.restart_attempt == 0) {
     std::printf(
-        "Starting slicetrain FSDP SFT job: model=%s, topology=%s, accelerator_type=%s, "
+        "Starting slicetrain FSDP %s job: model=%s, topology=%s, accelerator_type=%s, "
         "num_workers=%d\n",
+        a.o.objective == "dpo" ? "DPO" : a.o.objective == "orpo" ? "ORPO" : "SFT",
         a.o.model_id.c_str(), topo.shape.c_str(), topo.accelerator_type.c_str(), topo.world_size());
     std::fflush(stdout);
   }
@@ -581,6 +590,22 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                   "auto, bf16 or fp32: the operands of every matmul (bf16: rounded to bf16, "
                   "accumulated in fp32; master weights, optimizer, norms and loss stay fp32). "
                   "auto: bf16 where the CPU has bf16 dot products (AMX-BF16, AVX512_BF16)")
+      ->capture_default_str();
+  auto* pref = cmd->add_option_group(
+      "Preference objective", "DPO and ORPO on prompt/chosen/rejected data, as TRL's DPOConfig");
+  pref->add_option("--objective", o.objective,
+                   "sft (the mean token loss), dpo (needs --lora-rank: the reference is the base "
+                   "with the adapters off) or orpo (no reference); dpo/orpo read preference "
+                   "data: prompt/chosen/rejected as text or conversations, or implicit prompts")
+      ->capture_default_str();
+  pref->add_option("--beta", o.beta,
+                   "DPO's beta (IPO's tau): how far the policy may move from the reference; "
+                   "ORPO's lambda: the weight of the odds-ratio term")
+      ->capture_default_str();
+  pref->add_option("--loss-type", o.loss_type, "DPO's loss: sigmoid, hinge, ipo or robust")
+      ->capture_default_str();
+  pref->add_option("--label-smoothing", o.label_smoothing,
+                   "robust DPO: the probability that a pair's preference is flipped, in [0, 0.5)")
       ->capture_default_str();
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the memory plan per worker and per host and exit (non-zero when the job "

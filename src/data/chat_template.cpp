@@ -163,6 +163,29 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
   return Status::Ok();
 }
 
+Status ExampleRenderer::RenderConversation(const std::vector<ChatMessage>& messages,
+                                           bool add_generation_prompt,
+                                           std::vector<int32_t>* out) const {
+  if (kind_ != TemplateKind::kGemmaChat)
+    return InvalidArgument(
+        "conversations need a chat template: the tokenizer has no <|turn> and <turn|> tokens "
+        "(or --template is not gemma-chat)");
+  if (messages.empty()) {  // apply_chat_template of [] is the bos alone
+    out->assign(1, bos_);
+  } else {
+    InstructionRecord r;
+    r.messages = messages;
+    RenderedExample ex;
+    ST_RETURN_IF_ERROR(RenderChat(r, &ex));
+    *out = std::move(ex.ids);
+  }
+  if (add_generation_prompt) {
+    out->push_back(turn_open_);
+    for (int32_t id : tok_->Encode("model\n", false)) out->push_back(id);
+  }
+  return Status::Ok();
+}
+
 Status ExampleRenderer::RenderPrompt(const std::vector<ChatMessage>& messages, bool start,
                                      std::vector<int32_t>* out) const {
   if (messages.empty() || messages.back().role != "user")

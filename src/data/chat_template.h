@@ -76,6 +76,11 @@ class ExampleRenderer {
   // newline that closes it comes first).
   Status RenderPrompt(const std::vector<ChatMessage>& messages, bool start,
                       std::vector<int32_t>* out) const;
+  // gemma-chat only: the tokens of a whole conversation (any turns) as apply_chat_template
+  // renders it, plus the generation prompt `<|turn>model\n` when asked; what TRL tokenizes a
+  // conversational preference pair with.
+  Status RenderConversation(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                            std::vector<int32_t>* out) const;
   // The id of `<turn|>` with gemma-chat (where a model turn ends), else -1.
   int32_t turn_close() const { return kind_ == TemplateKind::kGemmaChat ? turn_close_ : -1; }
 

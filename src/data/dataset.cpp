@@ -123,6 +123,8 @@ const char* LayoutName(DatasetLayout layout) {
       return "custom fields";
     case DatasetLayout::kConversation:
       return "conversation (role/content or from/value turns)";
+    case DatasetLayout::kPreference:
+      return "preference (prompt, chosen, rejected)";
     case DatasetLayout::kDetect:
       break;
   }
@@ -269,8 +271,14 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
     ds.layout_ = DatasetLayout::kConversation;
     ds.f_messages_ = options.messages_field;
   }
+  if (options.preference && (custom || !options.messages_field.empty()))
+    return InvalidArgument(
+        "preference data is read from its prompt/chosen/rejected columns: drop "
+        "--instruction-field, --context-field, --response-field and --messages-field");
   auto detect = [&](const std::function<bool(const char*)>& has) {
-    if (has("instruction") && has("response"))
+    if (has("chosen") && has("rejected"))
+      ds.layout_ = DatasetLayout::kPreference;
+    else if (has("instruction") && has("response"))
       ds.layout_ = DatasetLayout::kDolly;
     else if (has("instruction") && has("output"))
       ds.layout_ = DatasetLayout::kAlpaca;
@@ -316,6 +324,16 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
                "; name the fields with --instruction-field, --context-field, --response-field "
                "or --messages-field",
                first_bad));
+  if (options.preference && ds.layout_ != DatasetLayout::kPreference)
+    return InvalidArgument(
+        StrCat(first.path(),
+               ": a preference objective needs preference data: 'chosen' and 'rejected' "
+               "columns (and 'prompt' unless it is implicit), as TRL's DPOTrainer reads them",
+               seen.empty() ? "" : " (columns: " + seen + ")"));
+  if (!options.preference && ds.layout_ == DatasetLayout::kPreference)
+    return InvalidArgument(StrCat(first.path(),
+                                  ": this is preference data (chosen, rejected): train on it with "
+                                  "--objective dpo or --objective orpo"));
   if (ds.layout_ == DatasetLayout::kDolly) {
     ds.f_instruction_ = "instruction", ds.f_context_ = "context", ds.f_response_ = "response";
   } else if (ds.layout_ == DatasetLayout::kAlpaca) {
@@ -323,6 +341,11 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
   }
   if (ds.layout_ == DatasetLayout::kConversation) {
     ds.columns_ = {ds.f_messages_};
+  } else if (ds.layout_ == DatasetLayout::kPreference) {
+    ds.columns_ = {"chosen", "rejected"};
+    const auto& cols = first.columns();
+    if (cols.empty() || std::find(cols.begin(), cols.end(), "prompt") != cols.end())
+      ds.columns_.push_back("prompt");
   } else {
     ds.columns_ = {ds.f_instruction_, ds.f_response_};
     const auto& cols = first.columns();
@@ -350,37 +373,160 @@ std::vector<std::string> InstructionDataset::files() const {
   return out;
 }
 
+namespace {
+
+// The turns of a conversation field (role/content or ShareGPT's from/value).
+bool ParseTurns(const json& list, const std::string& field, std::vector<ChatMessage>* out,
+                std::string* why) {
+  out->clear();
+  if (!list.is_array()) return *why = StrCat("field '", field, "' is not a list of turns"), false;
+  for (const json& turn : list) {
+    if (!turn.is_object()) return *why = StrCat("a turn of '", field, "' is not an object"), false;
+    const json* role = turn.contains("role")   ? &turn["role"]
+                       : turn.contains("from") ? &turn["from"]
+                                               : nullptr;
+    const json* content = turn.contains("content") ? &turn["content"]
+                          : turn.contains("value") ? &turn["value"]
+                                                   : nullptr;
+    if (!role || !role->is_string() || !content)
+      return *why = StrCat("a turn of '", field, "' has no role/content (or from/value)"), false;
+    ChatMessage m;
+    m.role = Normalise(role->get<std::string>());
+    if (!ContentText(*content, &m.content))
+      return *why = StrCat("a turn of '", field, "' has content that is not text"), false;
+    out->push_back(std::move(m));
+  }
+  return true;
+}
+
+// TRL's extract_prompt over Python sequences (turns, or a string's code points): the first index
+// where chosen and rejected differ, one back when the element before is a space (text), and, when
+// one is a prefix of the other, the shorter one's last index (the loop variable's last value).
+template <typename Seq, typename Eq, typename IsSpace>
+int64_t ImplicitPromptLength(const Seq& c, const Seq& r, int64_t n, Eq eq, IsSpace is_space) {
+  int64_t idx = 0;
+  for (idx = 0; idx < n; ++idx)
+    if (!eq(c[idx], r[idx])) {
+      if (idx > 0 && is_space(c[idx - 1])) --idx;
+      return idx;
+    }
+  return n - 1;
+}
+
+std::u32string CodePoints(const std::string& s) {
+  std::u32string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    const int len = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    char32_t cp = len == 1 ? b : len == 2 ? b & 0x1F : len == 3 ? b & 0x0F : b & 0x07;
+    for (int k = 1; k < len && i + k < s.size(); ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(cp);
+    i += len;
+  }
+  return out;
+}
+
+// The byte length of the first n code points of s.
+size_t BytesOfCodePoints(const std::string& s, int64_t n) {
+  size_t i = 0;
+  for (int64_t k = 0; k < n && i < s.size(); ++k) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    i += b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+  }
+  return std::min(i, s.size());
+}
+
+}  // namespace
+
+bool InstructionDataset::ToPreference(json& rec, InstructionRecord* r, std::string* why) const {
+  r->prompt.clear(), r->chosen.clear(), r->rejected.clear();
+  r->prompt_turns.clear(), r->chosen_turns.clear(), r->rejected_turns.clear();
+  auto side = [&](const char* name) -> json* {
+    auto it = rec.find(name);
+    return it == rec.end() || it->is_null() ? nullptr : &*it;
+  };
+  json* chosen = side("chosen");
+  json* rejected = side("rejected");
+  json* prompt = side("prompt");
+  if (!chosen) return *why = "no 'chosen' completion", false;
+  if (!rejected) return *why = "no 'rejected' completion", false;
+  r->conversational = chosen->is_array();
+  if (rejected->is_array() != r->conversational)
+    return *why = "'chosen' and 'rejected' are not both text or both conversations", false;
+  // TRL's maybe_extract_prompt: a prompt column of the other kind than the completions (text
+  // beside conversations) is ignored and the prompt extracted.
+  if (prompt && prompt->is_array() != r->conversational) prompt = nullptr;
+  if (r->conversational) {
+    if (!ParseTurns(*chosen, "chosen", &r->chosen_turns, why) ||
+        !ParseTurns(*rejected, "rejected", &r->rejected_turns, why))
+      return false;
+    if (prompt) {
+      if (!ParseTurns(*prompt, "prompt", &r->prompt_turns, why)) return false;
+    } else {
+      auto& c = r->chosen_turns;
+      auto& j = r->rejected_turns;
+      const int64_t n = static_cast<int64_t>(std::min(c.size(), j.size()));
+      if (n == 0) return *why = "an empty 'chosen' or 'rejected' conversation", false;
+      const int64_t k = ImplicitPromptLength(
+          c, j, n,
+          [](const ChatMessage& a, const ChatMessage& b) {
+            return a.role == b.role && a.content == b.content;
+          },
+          [](const ChatMessage&) { return false; });
+      r->prompt_turns.assign(c.begin(), c.begin() + k);
+      c.erase(c.begin(), c.begin() + k);
+      j.erase(j.begin(), j.begin() + k);
+    }
+    if (r->chosen_turns.empty() || r->rejected_turns.empty())
+      return *why = "an empty 'chosen' or 'rejected' completion", false;
+    if (r->chosen_turns.size() == r->rejected_turns.size() &&
+        std::equal(r->chosen_turns.begin(), r->chosen_turns.end(), r->rejected_turns.begin(),
+                   [](const ChatMessage& a, const ChatMessage& b) {
+                     return a.role == b.role && a.content == b.content;
+                   }))
+      return *why = "'chosen' equals 'rejected' (nothing to prefer)", false;
+    return true;
+  }
+  if (!chosen->is_string() || !rejected->is_string())
+    return *why = "'chosen' and 'rejected' are neither text nor conversations", false;
+  r->chosen = std::move(chosen->get_ref<std::string&>());
+  r->rejected = std::move(rejected->get_ref<std::string&>());
+  if (prompt) {
+    if (!prompt->is_string()) return *why = "field 'prompt' is not a string", false;
+    r->prompt = std::move(prompt->get_ref<std::string&>());
+  } else {
+    const std::u32string c = CodePoints(r->chosen), j = CodePoints(r->rejected);
+    const int64_t n = static_cast<int64_t>(std::min(c.size(), j.size()));
+    if (n == 0) return *why = "an empty 'chosen' or 'rejected' completion", false;
+    const int64_t k = ImplicitPromptLength(
+        c, j, n, [](char32_t a, char32_t b) { return a == b; },
+        [](char32_t a) { return a == U' '; });
+    const size_t bc = BytesOfCodePoints(r->chosen, k), bj = BytesOfCodePoints(r->rejected, k);
+    r->prompt = r->chosen.substr(0, bc);
+    r->chosen.erase(0, bc);
+    r->rejected.erase(0, bj);
+  }
+  if (r->chosen.empty() || r->rejected.empty())
+    return *why = "an empty 'chosen' or 'rejected' completion", false;
+  if (r->chosen == r->rejected)
+    return *why = "'chosen' equals 'rejected' (nothing to prefer)", false;
+  return true;
+}
+
 bool InstructionDataset::ToRecord(const Row& row, InstructionRecord* r, std::string* why) const {
   if (!row.value) return *why = std::string(row.error), false;
   json& rec = *row.value;  // the reader's scratch: strings are moved out, not copied
   r->line = row.position;
   r->messages.clear();
+  if (layout_ == DatasetLayout::kPreference) return ToPreference(rec, r, why);
   if (layout_ == DatasetLayout::kConversation) {
     r->instruction.clear(), r->context.clear(), r->response.clear();
     auto it = rec.find(f_messages_);
     if (it == rec.end()) return *why = StrCat("no field '", f_messages_, "'"), false;
-    if (!it->is_array())
-      return *why = StrCat("field '", f_messages_, "' is not a list of turns"), false;
+    if (!ParseTurns(*it, f_messages_, &r->messages, why)) return false;
     bool answered = false;
-    for (const json& turn : *it) {
-      if (!turn.is_object())
-        return *why = StrCat("a turn of '", f_messages_, "' is not an object"), false;
-      const json* role = turn.contains("role")   ? &turn["role"]
-                         : turn.contains("from") ? &turn["from"]
-                                                 : nullptr;
-      const json* content = turn.contains("content") ? &turn["content"]
-                            : turn.contains("value") ? &turn["value"]
-                                                     : nullptr;
-      if (!role || !role->is_string() || !content)
-        return *why = StrCat("a turn of '", f_messages_, "' has no role/content (or from/value)"),
-               false;
-      ChatMessage m;
-      m.role = Normalise(role->get<std::string>());
-      if (!ContentText(*content, &m.content))
-        return *why = StrCat("a turn of '", f_messages_, "' has content that is not text"), false;
-      answered |= m.role == "assistant";
-      r->messages.push_back(std::move(m));
-    }
+    for (const ChatMessage& m : r->messages) answered |= m.role == "assistant";
     if (!answered) return *why = "the conversation has no assistant turn", false;
     return true;
   }

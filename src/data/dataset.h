@@ -60,9 +60,16 @@ struct InstructionRecord {
   int64_t line = 0;
   std::string instruction, context, response;
   std::vector<ChatMessage> messages;
+  // A preference record (DatasetLayout::kPreference, TRL's layouts): the prompt and the two
+  // completions, as text or (conversational) as turns. An implicit prompt (only chosen and
+  // rejected, each holding the whole exchange) is extracted as TRL's extract_prompt does: the
+  // longest common prefix of turns, or of characters for text.
+  bool conversational = false;
+  std::string prompt, chosen, rejected;
+  std::vector<ChatMessage> prompt_turns, chosen_turns, rejected_turns;
 };
 
-enum class DatasetLayout { kDetect, kDolly, kAlpaca, kCustom, kConversation };
+enum class DatasetLayout { kDetect, kDolly, kAlpaca, kCustom, kConversation, kPreference };
 
 struct DatasetOptions {
   // A data file (.jsonl, .json, .csv, .tsv, .parquet), a glob of data files, or a directory
@@ -77,6 +84,9 @@ struct DatasetOptions {
   std::string json_field;  // the key of the records' array in a top-level JSON object
   // The conversation column ("" = detected: messages, then conversations).
   std::string messages_field;
+  // Preference data (`chosen` and `rejected`, with or without `prompt`) for DPO and ORPO; false:
+  // instruction data, and a preference set is refused with the flag that reads it.
+  bool preference = false;
 };
 
 // What reading a split found. Skipped records are listed (up to kMaxListed) with their reasons.
@@ -115,6 +125,7 @@ class InstructionDataset {
 
  private:
   bool ToRecord(const Row& row, InstructionRecord* r, std::string* why) const;
+  bool ToPreference(nlohmann::json& rec, InstructionRecord* r, std::string* why) const;
   std::vector<RowFile> files_;
   std::string config_;
   SplitSpec split_;

@@ -130,6 +130,7 @@ Gemma4Engine::Gemma4Engine(const Gemma4Config& cfg, int64_t max_batch, int64_t m
   targets_.assign(max_B_ * max_T_, -100);
   doc_start_.assign(max_B_ * max_T_, 0);
   rows_.reserve(static_cast<size_t>(max_B_ * max_T_));
+  row_w_.reserve(static_cast<size_t>(max_B_ * max_T_));
 }
 
 ParamTable ParamTable::FromArenas(const ParamRegistry& reg, const float* params, float* grads,
@@ -518,7 +519,7 @@ void Gemma4Engine::Linear(const ParamTable& t, int e, const float* x, float* y, 
   const Ops& ops = OpsFor(backend_, options_.precision);
   ops.LinearForward(x, t.param[e], y, N, in, out, alpha, false);
   const int A = reg_.lora_a[e], B = reg_.lora_b[e];
-  if (A < 0) return;
+  if (A < 0 || !adapters_on_) return;
   const int64_t R = reg_.lora_rank;
   float* xa = Act(plan_.lora_t);  // [N, R]
   ops.LinearForward(LoraInput(e, x, N, in), t.param[A], xa, N, in, R, 1.0f, false);
@@ -531,7 +532,7 @@ void Gemma4Engine::LinearBack(const ParamTable& t, int e, const float* x, const 
   const Ops& ops = OpsFor(backend_, options_.precision);
   ops.LinearBackward(x, t.param[e], dy, dx, t.grad[e], N, in, out, alpha, accumulate_dx);
   const int A = reg_.lora_a[e], B = reg_.lora_b[e];
-  if (A < 0 || (!dx && !t.grad[A] && !t.grad[B])) return;
+  if (A < 0 || !adapters_on_ || (!dx && !t.grad[A] && !t.grad[B])) return;
   // The forward's x A^T again (R columns: cheap next to the base product), then
   // d(x A^T) = s dy B, dB += s dy^T (x A^T), dA += d(x A^T)^T x_dropped, dx += mask d(x A^T) A.
   const int64_t R = reg_.lora_rank;
@@ -613,7 +614,7 @@ void Gemma4Engine::HeadRowsLse(const float* y, int64_t r0, int64_t rows, int64_t
 }
 
 void Gemma4Engine::HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c,
-                                float scale) {
+                                float row_scale, const float* row_w) {
   const float* lse = Act(plan_.head_lse);
   const float cap = static_cast<float>(cfg_.final_logit_softcapping);
   const float inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
@@ -623,6 +624,7 @@ void Gemma4Engine::HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, 
     const float l = lse[r0 + r];
     const int64_t target = targets_[rows_[r0 + r]] - v0;
     const bool here = target >= 0 && target < c;
+    const float scale = row_w ? row_scale * row_w[r0 + r] : row_scale;
     const float zt = here ? z[target] : 0.0f;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) {
@@ -691,13 +693,24 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
 // d(scale * loss)/d(pre-softcap logits) = scale * (softmax - onehot) * (1 - (z/cap)^2), tile by
 // tile from the forward's log-sum-exp; into dhN (every row: zero where no target) and the head's
 // gradient.
-void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN, int64_t N) {
+void Gemma4Engine::HeadLossBackward(const ParamTable& t, const Batch& b, float scale, float* dhN,
+                                    int64_t N) {
   const Ops& ops = OpsFor(backend_, options_.precision);
   const int64_t Nv = static_cast<int64_t>(rows_.size()), d = cfg_.hidden_size;
+  const float* row_w = nullptr;
+  if (b.loss_weights) {  // position p's target is label p + 1 (same row: the last has none)
+    row_w_.resize(rows_.size());
+    for (int64_t n = 0; n < Nv; ++n) row_w_[n] = b.loss_weights[rows_[n] + 1];
+    row_w = row_w_.data();
+  }
   if (options_.whole_logits || backend_ == Backend::kRef) {
     const int64_t V = cfg_.vocab_size;
     ops.CrossEntropySoftcapBackward(whole_logits_.data(), targets_.data(), N, V,
                                     static_cast<float>(cfg_.final_logit_softcapping), scale);
+    if (b.loss_weights)  // the gradient is linear in each row's weight
+      for (int64_t n = 0; n < N; ++n)
+        if (targets_[n] != -100)
+          for (int64_t v = 0; v < V; ++v) whole_logits_[n * V + v] *= b.loss_weights[n + 1];
     std::vector<float> block;
     ForEachHeadBlock(t, [&](int64_t v0, int64_t c, const float* w) {
       block.resize(static_cast<size_t>(N * c));
@@ -717,7 +730,7 @@ void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN
   float* dw_head = t.grad[reg_.embed_tokens];
   if (const float* head = CachedHead(t)) {  // the forward's logits, no recompute
     const int64_t V = cfg_.vocab_size;
-    HeadRowsGrad(Act(plan_.head_cache), 0, Nv, 0, V, scale);
+    HeadRowsGrad(Act(plan_.head_cache), 0, Nv, 0, V, scale, row_w);
     ops.LinearBackward(hv, head, Act(plan_.head_cache), dhv, dw_head, Nv, d, V, 1.0f, false);
   } else {
     float* y = Act(plan_.head_y);
@@ -725,7 +738,7 @@ void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN
       for (int64_t r0 = 0; r0 < Nv; r0 += kHeadRows) {
         const int64_t rows = std::min(kHeadRows, Nv - r0);
         HeadTile(hv + r0 * d, w, rows, c);
-        HeadRowsGrad(y, r0, rows, v0, c, scale);
+        HeadRowsGrad(y, r0, rows, v0, c, scale, row_w);
         ops.LinearBackward(hv + r0 * d, w, y, dhv + r0 * d, dw_head ? dw_head + v0 * d : nullptr,
                            rows, d, c, 1.0f, v0 > 0);
       }
@@ -734,6 +747,25 @@ void Gemma4Engine::HeadLossBackward(const ParamTable& t, float scale, float* dhN
 #pragma omp parallel for schedule(static) if (Nv * d > (1 << 16))
   for (int64_t r = 0; r < Nv; ++r)
     std::memcpy(dhN + static_cast<int64_t>(rows_[r]) * d, dhv + r * d, static_cast<size_t>(d) * 4);
+}
+
+void Gemma4Engine::TargetLogProbs(float* out) const {
+  std::fill(out, out + last_N_, 0.0f);
+  if (options_.whole_logits || backend_ == Backend::kRef) {
+    const int64_t V = cfg_.vocab_size;
+    for (int64_t n = 0; n + 1 < last_N_; ++n) {
+      if (targets_[n] == -100) continue;
+      const float* z = whole_logits_.data() + n * V;
+      double m = -INFINITY, s = 0;
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(z[v]));
+      for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(z[v]) - m);
+      out[n + 1] = static_cast<float>(static_cast<double>(z[targets_[n]]) - m - std::log(s));
+    }
+    return;
+  }
+  const float* lse = Act(plan_.head_lse);
+  const float* zt = Act(plan_.head_zt);
+  for (size_t n = 0; n < rows_.size(); ++n) out[rows_[n] + 1] = zt[n] - lse[n];
 }
 
 void Gemma4Engine::ComputeLogits(const float* params, float* out) {
@@ -767,7 +799,7 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
 
   // Loss -> head (tile by tile) -> final norm.
   float* dhN = Act(plan_.dn);
-  HeadLossBackward(t, grad_scale, dhN, N);
+  HeadLossBackward(t, b, grad_scale, dhN, N);
   float* dx = Act(plan_.dx);
   ops.RmsNormBackward(Act(plan_.resid[L]), W(reg_.norm), Act(plan_.rstd_f), dhN, dx, G(reg_.norm),
                       N, d, false);

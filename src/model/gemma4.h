@@ -36,6 +36,10 @@ struct Batch {
   // token attends only to the earlier tokens of its own example, and RoPE sees its position in
   // the example, so each example computes what it would alone.
   const int32_t* position_ids = nullptr;
+  // [B,T] or null (= 1 everywhere): the weight of label[b,t]'s term in the sum Backward
+  // differentiates. An objective other than the mean token loss (train/objectives/) sets it from
+  // the forward's TargetLogProbs before the backward runs; the buffer is read by Backward only.
+  const float* loss_weights = nullptr;
 };
 
 struct ForwardResult {
@@ -187,13 +191,17 @@ class Gemma4Engine {
   void SetDropoutSeed(uint64_t seed) { dropout_seed_ = seed; }
   // Off: the LoRA dropout is the identity (evaluation inside a training run); on by default.
   void SetDropout(bool on) { dropout_on_ = on; }
+  // Off: every LoRA adapter is skipped, so the engine computes the base model (PEFT's
+  // disable_adapter: DPO's reference model without a second copy). On by default.
+  void SetAdapters(bool on) { adapters_on_ = on; }
+  bool adapters_on() const { return adapters_on_; }
 
   // Runs the model up to the final norm and, with labels, the loss (the head in tiles: no logits
   // are kept). Only a training engine can run Backward after it.
   ForwardResult Forward(const ParamTable& table, const Batch& batch, ParamHooks* hooks = nullptr);
-  // Accumulates d(grad_scale * loss_sum)/d(param) into every non-null table.grad entry. Must follow
-  // Forward on the same batch. For a mean loss pass grad_scale = 1 / num_valid (of all ranks'
-  // tokens).
+  // Accumulates d(grad_scale * loss_sum)/d(param) into every non-null table.grad entry (each
+  // token's loss weighted by batch.loss_weights when set). Must follow Forward on the same batch.
+  // For a mean loss pass grad_scale = 1 / num_valid (of all ranks' tokens).
   void Backward(const ParamTable& table, const Batch& batch, float grad_scale,
                 ParamHooks* hooks = nullptr);
 
@@ -202,6 +210,10 @@ class Gemma4Engine {
   ForwardResult Forward(const float* params, const Batch& batch);
   void Backward(const float* params, float* grads, const Batch& batch, float grad_scale,
                 const std::vector<bool>* trainable = nullptr);
+
+  // log p(labels[b,t] | tokens before t) of the last Forward, into out [B*T] aligned with the
+  // labels (0 where the label is -100, and at t = 0): what DPO-style objectives sum per sequence.
+  void TargetLogProbs(float* out) const;
 
   // The softcapped logits [B*T, V] of the last Forward into `out` (for tests and tools that
   // compare logits; training never builds them).
@@ -248,10 +260,13 @@ class Gemma4Engine {
   // log-sum-exp's running maximum and sum and the target's logit; and the tile turned in place
   // into d(scale * loss)/d(pre-softcap logits).
   void HeadRowsLse(const float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c);
-  void HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c, float scale);
+  // row_w: per compacted row its loss weight, or null (all 1).
+  void HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, int64_t c, float scale,
+                    const float* row_w);
   // The loss over the compacted rows, and its backward (recomputing each tile).
   double HeadLossForward(const ParamTable& t);
-  void HeadLossBackward(const ParamTable& t, float grad_scale, float* dhN, int64_t N);
+  void HeadLossBackward(const ParamTable& t, const Batch& b, float grad_scale, float* dhN,
+                        int64_t N);
   // The table of the arena convenience calls, rebuilt only when the arenas change.
   const ParamTable& ArenaTable(const float* params, float* grads,
                                const std::vector<bool>* trainable);
@@ -267,6 +282,8 @@ class Gemma4Engine {
   int64_t last_N_ = 0;  // tokens of the last Forward
   uint64_t dropout_seed_ = 0;
   bool dropout_on_ = true;
+  bool adapters_on_ = true;
+  std::vector<float> row_w_;  // [rows_] the batch's loss weights per compacted row
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
   std::vector<int32_t> targets_;     // [N] labels shifted left by one, -100 at each row's end

@@ -205,6 +205,11 @@ void RunRecorder::OnStep(const StepMetrics& step) {
                      {"time/compute_s", f(step.compute_s)},
                      {"time/comm_wait_s", f(step.comm_wait_s)},
                      {"time/data_s", f(step.data_s)}});
+  if (!step.objective.empty()) {
+    std::vector<Scalar> extra;
+    for (const auto& [name, v] : step.objective) extra.push_back({"train/" + name, f(v)});
+    WriteEventsLocked(step.unix_time, step.step, extra);
+  }
   KeepRecentLocked(std::move(j));
   last_ = step;
   has_last_ = true;
@@ -225,6 +230,12 @@ void RunRecorder::OnEval(const EvalMetrics& eval) {
   WriteEventsLocked(eval.unix_time, eval.step,
                     {{"eval/loss", static_cast<float>(eval.eval_loss)},
                      {"eval/perplexity", static_cast<float>(std::exp(eval.eval_loss))}});
+  if (!eval.objective_metrics.empty()) {
+    std::vector<Scalar> extra;
+    for (const auto& [name, v] : eval.objective_metrics)
+      extra.push_back({"eval/" + name, static_cast<float>(v)});
+    WriteEventsLocked(eval.unix_time, eval.step, extra);
+  }
   ++version_;
   changed_.notify_all();
 }

@@ -285,9 +285,10 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
   int64_t local = 0;
   for (int64_t b = 0; b < batch.B; ++b)
     for (int64_t t = 1; t < batch.T; ++t) local += batch.labels[b * batch.T + t] != -100;
+  const bool weighted = static_cast<bool>(micro.after_forward);
   float count = static_cast<float>(micro.global_targets >= 0 ? micro.global_targets : local);
   std::future<Status> counted;
-  if (micro.global_targets < 0)
+  if (micro.global_targets < 0 && !weighted)
     counted = comm_.Submit([this, &count] {
       return pg_.AllReduce(&count, 1, DType::kF32, comm::ReduceOp::kSum, options_.collective);
     });
@@ -301,11 +302,20 @@ StatusOr<ForwardResult> FsdpModel::ForwardBackward(Gemma4Engine& engine, const B
 
   ForwardResult r = engine.Forward(table_, batch, this);
   if (!status_.ok()) return status_;
+  if (weighted) {
+    Status s = micro.after_forward();
+    if (!s.ok()) {
+      for (Slot& sl : slots_) Wait(sl.gather);
+      return s;
+    }
+  }
   const int64_t global = static_cast<int64_t>(std::llround(count));
   // Reduce-scatter averages over ranks, so scale by W / global: the sum over ranks of the averaged
-  // gradients is then (1 / global) x the gradient of the summed loss.
-  const float grad_scale =
-      global > 0 ? static_cast<float>(pg_.size()) / static_cast<float>(global) : 0.0f;
+  // gradients is then (1 / global) x the gradient of the summed loss. Weighted: by W alone.
+  const float grad_scale = weighted ? static_cast<float>(pg_.size())
+                           : global > 0
+                               ? static_cast<float>(pg_.size()) / static_cast<float>(global)
+                               : 0.0f;
 
   std::memset(root_.grads.data(), 0, static_cast<size_t>(root.shard * pg_.size()) * sizeof(float));
   for (size_t k = 0; k < root.entries.size(); ++k)

@@ -26,6 +26,7 @@
 // model on the same shapes.
 #pragma once
 
+#include <functional>
 #include <future>
 #include <memory>
 #include <vector>
@@ -83,6 +84,12 @@ class FsdpModel : public ParamHooks {
   struct Micro {
     int64_t global_targets = -1;  // < 0: this micro-batch's own (counted with an all-reduce)
     bool sync = true;
+    // An objective other than the mean token loss (train/objectives/): runs between the forward
+    // and the backward (it reads the engine's TargetLogProbs and fills the buffer the batch's
+    // loss_weights point at); the backward then differentiates sum(weight x token loss) as the
+    // whole loss (global_targets is not used: the weights hold the objective's normalisation).
+    // No collective may run inside it.
+    std::function<Status()> after_forward;
   };
   StatusOr<ForwardResult> ForwardBackward(Gemma4Engine& engine, const Batch& batch,
                                           const Micro& micro);

@@ -79,6 +79,11 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
       (long long)s.truncated, split.c_str(), s.layout.c_str(), (long long)s.steps_per_epoch,
       s.world, (long long)s.batch_size_per_device, micro.c_str(), s.lr, s.lr_schedule.c_str(),
       s.trainable_parameters / 1e6, s.frozen_parameters / 1e6);
+  if (s.pairs)
+    std::printf(
+        "Objective: %s; %lld pairs (each chosen + rejected, up to %lld tokens a side), "
+        "%lld dropped because the prompt fills --max-seq-len\n",
+        s.objective.c_str(), (long long)s.examples, (long long)s.max_seq_len, (long long)s.dropped);
   if (!s.compute.empty()) std::printf("Compute: %s\n", s.compute.c_str());
   if (!s.adapters.empty()) {
     const double all = static_cast<double>(s.trainable_parameters + s.frozen_parameters);
@@ -98,6 +103,14 @@ void ProgressReporter::Start(const RunInfo& run) {
   if (observer_) observer_->OnStart(run);
 }
 
+namespace {
+std::string FormatMetric(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", v);
+  return buf;
+}
+}  // namespace
+
 void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int64_t steps_run,
                             double elapsed_s, double lr, StepResult step) {
   if (rank_ != 0) return;
@@ -106,6 +119,15 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
   for (const WorkerSample& w : step.samples) epoch_tokens_ += w.tokens;
   ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
                state.epoch_loss_sum / state.step_in_epoch, epoch_tokens_ / elapsed_s, elapsed_s);
+  // A preference objective's metrics: their means over the epoch's steps, for the epoch line.
+  if (steps_run <= 1) objective_sums_.clear(), objective_steps_ = 0;
+  if (objective_sums_.size() != step.objective_metrics.size())
+    objective_sums_.assign(step.objective_metrics.size(), {"", 0.0});
+  for (size_t i = 0; i < step.objective_metrics.size(); ++i) {
+    objective_sums_[i].first = step.objective_metrics[i].first;
+    objective_sums_[i].second += step.objective_metrics[i].second;
+  }
+  ++objective_steps_;
   if (!observer_) return;
   StepMetrics sm = SummariseStep(std::move(step.samples), step.loss, lr, step.grad_norm,
                                  tokens_per_step_, trainable_parameters_);
@@ -113,6 +135,7 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
   sm.epoch = state.epoch + 1;
   sm.step_in_epoch = state.step_in_epoch;
   sm.steps_in_epoch = steps_in_epoch;
+  sm.objective = step.objective_metrics;
   observer_->OnStep(sm);
 }
 
@@ -129,6 +152,14 @@ void ProgressReporter::Epoch(EpochMetrics e) {
       "Epoch %lld/%lld | loss=%.4f | epoch_time=%.2fs | tokens/s=%.1f | real_tokens/s=%.1f%s\n",
       (long long)e.epoch, (long long)num_epochs_, e.loss, e.epoch_time_s, e.tokens_per_s,
       e.real_tokens_per_s, eval.c_str());
+  if (!objective_sums_.empty() && objective_steps_ > 0) {
+    std::string line;
+    for (const auto& [name, sum] : objective_sums_)
+      line += StrCat(line.empty() ? "" : " | ", name, "=",
+                     FormatMetric(sum / static_cast<double>(objective_steps_)));
+    std::printf("Epoch %lld/%lld preference metrics (mean of its steps) | %s\n", (long long)e.epoch,
+                (long long)num_epochs_, line.c_str());
+  }
   std::fflush(stdout);
   if (!observer_) return;
   e.unix_time =
@@ -144,8 +175,15 @@ void ProgressReporter::Eval(EvalMetrics e, bool at_epoch_end) {
         "in %.2fs\n",
         (long long)e.step, (long long)e.epoch, e.eval_loss, std::exp(e.eval_loss),
         (long long)e.tokens, e.eval_s);
-    std::fflush(stdout);
   }
+  if (!e.objective_metrics.empty()) {
+    std::string line;
+    for (const auto& [name, v] : e.objective_metrics)
+      line += StrCat(line.empty() ? "" : " | ", "eval_", name, "=", FormatMetric(v));
+    std::printf("Eval at step %lld (epoch %lld) preference metrics | %s\n", (long long)e.step,
+                (long long)e.epoch, line.c_str());
+  }
+  std::fflush(stdout);
   if (!observer_) return;
   e.unix_time =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

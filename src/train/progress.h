@@ -36,6 +36,11 @@ struct SetupSummary {
   // "precision=bf16 (AVX512-BF16 bf16 matmuls, fp32 master weights), CPU AMD EPYC 9B14, 1
   // thread per worker" (ComputeSummary).
   std::string compute;
+  // A preference run: examples are pairs (two sequences of up to max_seq_len each); pairs
+  // dropped because the prompt fills max_seq_len; the objective ("dpo (sigmoid, beta 0.1; ...)").
+  bool pairs = false;
+  int64_t dropped = 0;
+  std::string objective;
 };
 
 // The compute line's text for a run in precision p with `threads` threads per worker.
@@ -78,6 +83,9 @@ class ProgressReporter {
   int64_t num_epochs_;
   TrainingObserver* observer_;
   int64_t tokens_per_step_ = 0, trainable_parameters_ = 0;
+  // A preference objective's metrics summed over the epoch's steps so far (rank 0).
+  std::vector<std::pair<std::string, double>> objective_sums_;
+  int64_t objective_steps_ = 0;
   double epoch_tokens_ = 0;    // rank 0: positions computed by all ranks in this epoch so far
   std::string final_metrics_;  // the seed's dict of the last epoch
 };

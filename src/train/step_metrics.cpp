@@ -172,27 +172,29 @@ nlohmann::json ToJson(const StepMetrics& s) {
                        {"comm_mib", w.comm_mib},
                        {"comm_s", w.comm_s}});
   }
-  return {{"type", "step"},
-          {"step", s.step},
-          {"epoch", s.epoch},
-          {"step_in_epoch", s.step_in_epoch},
-          {"steps_in_epoch", s.steps_in_epoch},
-          {"time", s.unix_time},
-          {"loss", s.loss},
-          {"lr", s.lr},
-          {"grad_norm", s.grad_norm},
-          {"step_s", s.step_s},
-          {"compute_s", s.compute_s},
-          {"comm_wait_s", s.comm_wait_s},
-          {"data_s", s.data_s},
-          {"tokens", s.tokens},
-          {"real_tokens", s.real_tokens},
-          {"tokens_per_s", s.tokens_per_s},
-          {"real_tokens_per_s", s.real_tokens_per_s},
-          {"model_flops_per_s", s.model_flops_per_s},
-          {"comm_mib", s.comm_mib},
-          {"comm_s", s.comm_s},
-          {"workers", workers}};
+  nlohmann::json j = {{"type", "step"},
+                      {"step", s.step},
+                      {"epoch", s.epoch},
+                      {"step_in_epoch", s.step_in_epoch},
+                      {"steps_in_epoch", s.steps_in_epoch},
+                      {"time", s.unix_time},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"step_s", s.step_s},
+                      {"compute_s", s.compute_s},
+                      {"comm_wait_s", s.comm_wait_s},
+                      {"data_s", s.data_s},
+                      {"tokens", s.tokens},
+                      {"real_tokens", s.real_tokens},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"real_tokens_per_s", s.real_tokens_per_s},
+                      {"model_flops_per_s", s.model_flops_per_s},
+                      {"comm_mib", s.comm_mib},
+                      {"comm_s", s.comm_s},
+                      {"workers", workers}};
+  for (const auto& [name, value] : s.objective) j[name] = value;
+  return j;
 }
 
 nlohmann::json ToJson(const EpochMetrics& e) {
@@ -209,10 +211,12 @@ nlohmann::json ToJson(const EpochMetrics& e) {
 }
 
 nlohmann::json ToJson(const EvalMetrics& e) {
-  return {{"type", "eval"},           {"step", e.step},
-          {"epoch", e.epoch},         {"time", e.unix_time},
-          {"eval_loss", e.eval_loss}, {"eval_perplexity", std::exp(e.eval_loss)},
-          {"eval_tokens", e.tokens},  {"eval_s", e.eval_s}};
+  nlohmann::json j = {{"type", "eval"},           {"step", e.step},
+                      {"epoch", e.epoch},         {"time", e.unix_time},
+                      {"eval_loss", e.eval_loss}, {"eval_perplexity", std::exp(e.eval_loss)},
+                      {"eval_tokens", e.tokens},  {"eval_s", e.eval_s}};
+  for (const auto& [name, value] : e.objective_metrics) j["eval_" + name] = value;
+  return j;
 }
 
 nlohmann::json ToJson(const SampleMetrics& s) {

@@ -59,6 +59,8 @@ struct StepMetrics {
   double model_flops_per_s = 0;       // 6 x trainable parameters x tokens / step_s
   double comm_mib = 0, comm_s = 0;    // summed over ranks
   std::vector<WorkerSample> workers;  // [world]
+  // A preference objective's metrics under TRL's names (rewards/chosen, logps/rejected, ...).
+  std::vector<std::pair<std::string, double>> objective;
 };
 
 // The seed's per-epoch figures.
@@ -78,6 +80,8 @@ struct EvalMetrics {
   int64_t tokens = 0;  // targets
   double eval_s = 0;
   double unix_time = 0;
+  // A preference objective's metrics on the held-out pairs (reported as eval_<name>).
+  std::vector<std::pair<std::string, double>> objective_metrics;
 };
 
 // --sample-prompts: what a checkpoint answered (greedy), after the epoch that wrote it.

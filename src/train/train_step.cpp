@@ -41,10 +41,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
     const Batch b = BatchOf(tb);
     // Dropout masks differ per step, micro-batch and rank (each rank's batch is different data),
     // and are the same when a resumed run redoes a step.
-    p.engine.SetDropoutSeed(
-        (p.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(state.global_step)) *
-            0x100000001b3ull +
-        static_cast<uint64_t>(p.pg.rank()) + (static_cast<uint64_t>(k) << 32));
+    p.engine.SetDropoutSeed(StepDropoutSeed(p.seed, state.global_step, p.pg.rank(), k));
     if (K == 1) {
       ST_ASSIGN_OR_RETURN(r, p.fsdp.ForwardBackward(p.engine, b));
     } else {
@@ -56,6 +53,15 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
       r.num_valid = rk.num_valid;
     }
   }
+  out.loss = r.Loss();
+  ST_RETURN_IF_ERROR(FinishStep(p, s0, s1, c0, wait0, state, out));
+  return out;
+}
+
+Status FinishStep(const StepParts& p, std::chrono::steady_clock::time_point s0,
+                  std::chrono::steady_clock::time_point s1, const comm::CollectiveTotals& c0,
+                  double wait0, TrainState& state, StepResult& out) {
+  using Clock = std::chrono::steady_clock;
   double clip_s = 0;  // grad_norm -1: rank 0 sums the ranks' squares instead
   if (p.max_grad_norm > 0) {
     const auto k0 = Clock::now();
@@ -66,7 +72,6 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   if (out.grad_norm < 0)
     mine.grad_sq = static_cast<float>(SumOfSquares(p.fsdp.grads(), p.fsdp.shard_size()));
   p.fsdp.OptimizerStep(p.adam, ++state.global_step);
-  out.loss = r.Loss();
   state.epoch_loss_sum += out.loss;
   ++state.step_in_epoch;
   const auto s2 = Clock::now();
@@ -84,7 +89,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   mine.comm_s = static_cast<float>(c1.seconds - c0.seconds);
   // One all_gather of a few floats per step, on every rank, after the optimizer step.
   ST_ASSIGN_OR_RETURN(out.samples, GatherSamples(p.pg, mine, p.collective));
-  return out;
+  return Status::Ok();
 }
 
 }  // namespace st

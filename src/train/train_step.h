@@ -4,8 +4,11 @@
 // printed, observed or checkpointed after a step (the trainer's epoch loop).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -29,6 +32,13 @@ inline Batch BatchOf(const TokenBatch& tb) {
                tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
 }
 
+// The LoRA dropout masks' seed of micro-batch k of the step after global_step on `rank`: they
+// differ per step, micro-batch and rank, and are the same when a resumed run redoes a step.
+inline uint64_t StepDropoutSeed(uint64_t seed, int64_t global_step, int rank, size_t k) {
+  return (seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(global_step)) * 0x100000001b3ull +
+         static_cast<uint64_t>(rank) + (static_cast<uint64_t>(k) << 32);
+}
+
 // What a step works on; all of it outlives the step.
 struct StepParts {
   Gemma4Engine& engine;
@@ -47,6 +57,8 @@ struct StepResult {
   int64_t real_tokens = 0;  // attention-mask ones of this rank's batch
   int64_t tokens = 0;       // positions of this rank's batch (B x T, padding included)
   std::vector<WorkerSample> samples;  // [world]: every rank's measurements of the step
+  // A preference objective's metrics (TRL's names: rewards/chosen, ...), the global batch's.
+  std::vector<std::pair<std::string, double>> objective_metrics;
 };
 
 // Runs the step on `micro` (its micro-batches: one, or --gradient-accumulation-steps) of `set`,
@@ -59,5 +71,13 @@ struct StepResult {
 StatusOr<StepResult> TrainStep(const StepParts& parts, const TokenizedSet& set,
                                std::span<const StepRows> micro, const BatchingOptions& batching,
                                TrainState& state);
+
+// The end every kind of step shares, once the gradients are in the shards: clipping, the AdamW
+// step (state.global_step advances; out.loss is added to the epoch's sum) and the step's
+// measurements from every rank, timed from s0 (collation until s1) against the collective totals
+// c0 and comm wait wait0 taken when the step began.
+Status FinishStep(const StepParts& parts, std::chrono::steady_clock::time_point s0,
+                  std::chrono::steady_clock::time_point s1, const comm::CollectiveTotals& c0,
+                  double wait0, TrainState& state, StepResult& out);
 
 }  // namespace st

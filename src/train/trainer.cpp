@@ -27,6 +27,7 @@
 #include "train/checkpointer.h"
 #include "train/generation.h"
 #include "train/lr_schedule.h"
+#include "train/objectives/preference_step.h"
 #include "train/progress.h"
 #include "train/train_state.h"
 #include "train/train_step.h"
@@ -58,16 +59,43 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
                                               int64_t max_seq_len, const std::string& data_dir,
                                               const TextOptions& text) {
   const Tokenizer& tok = tokenizer.tokenizer;
-  if (dso.path.empty()) dso.path = data_dir + "/tiny_instruct/train.jsonl";
+  if (dso.path.empty()) {
+    if (text.preference)
+      return InvalidArgument(
+          "--objective dpo/orpo needs a preference data set: --dataset with prompt/chosen/"
+          "rejected records (a file, a directory or a hub id such as "
+          "trl-lib/ultrafeedback_binarized)");
+    dso.path = data_dir + "/tiny_instruct/train.jsonl";
+  }
+  dso.preference = text.preference;
   ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
   CollateOptions co;
   co.max_seq_len = max_seq_len;
   co.split_long = text.split_long;
   ST_ASSIGN_OR_RETURN(const int32_t pad_id, ResolvePadId(tok, co));
-  InstructionData data{tokenizer.dir, tok, TokenizedSet{}, DatasetReport{}};
+  InstructionData data{tokenizer.dir, tok, TokenizedSet{}, PreferenceSet{}, DatasetReport{}};
   ST_ASSIGN_OR_RETURN(ExampleRenderer renderer,
                       ExampleRenderer::Create(data.tokenizer, text.kind, text.train_on));
-  ST_ASSIGN_OR_RETURN(data.examples, TokenizeDataset(ds, renderer, co, &data.report));
+  if (text.preference) {
+    data.pairs = PreferenceSet(max_seq_len);
+    const bool chat = renderer.kind() == TemplateKind::kGemmaChat;
+    PreferenceTokens pt;
+    ST_RETURN_IF_ERROR(ds.ForEach(
+        [&](const InstructionRecord& r) {
+          ST_RETURN_IF_ERROR(TokenizePreference(r, data.tokenizer, chat ? &renderer : nullptr, &pt)
+                                 .WithContext(StrCat("preference record at line/row ", r.line,
+                                                     " of ", ds.file())));
+          data.pairs.Add(pt, r.line);
+          return Status::Ok();
+        },
+        &data.report));
+    if (data.pairs.size() == 0)
+      return InvalidArgument(StrCat(data.report.Summary(),
+                                    ": every pair's prompt fills --max-seq-len ", max_seq_len,
+                                    " (TRL drops such pairs): raise --max-seq-len"));
+  } else {
+    ST_ASSIGN_OR_RETURN(data.examples, TokenizeDataset(ds, renderer, co, &data.report));
+  }
   data.kind = renderer.kind();
   data.train_on = renderer.train_on();
   data.pad_id = pad_id;
@@ -90,12 +118,22 @@ TextOptions TextOf(const FinetuneOptions& o) {
   t.kind = ParseTemplateKind(o.chat_template).value();
   t.train_on = ParseTrainOn(o.train_on).value();
   t.split_long = o.packing == "split";
+  t.preference = o.objective != "sft";
   return t;
+}
+
+ObjectiveOptions ObjectiveOf(const FinetuneOptions& o) {
+  ObjectiveOptions b;
+  b.objective = o.objective;
+  b.beta = o.beta;
+  b.loss_type = o.loss_type;
+  b.label_smoothing = o.label_smoothing;
+  return b;
 }
 
 BatchingOptions BatchingOf(const FinetuneOptions& o, int32_t pad_id) {
   BatchingOptions b;
-  b.max_seq_len = o.max_seq_len;
+  b.max_seq_len = o.objective == "sft" ? o.max_seq_len : 2 * o.max_seq_len;
   b.batch_size = o.batch_size_per_device;
   b.packing = o.packing != "off";
   b.padding = o.padding == "max_length" ? PaddingMode::kMaxLength : PaddingMode::kLongest;
@@ -119,6 +157,20 @@ DatasetOptions DatasetOf(const FinetuneOptions& o) {
 }
 
 Status ValidateFinetuneOptions(const FinetuneOptions& o) {
+  ST_RETURN_IF_ERROR(ValidateObjectiveOptions(ObjectiveOf(o)));
+  if (o.objective == "dpo" && o.lora_rank <= 0)
+    return InvalidArgument(
+        "--objective dpo needs a reference model: train LoRA adapters (--lora-rank R), whose base "
+        "with the adapters off is the reference; full fine-tuning has no reference yet (or use "
+        "--objective orpo, which needs none)");
+  if (o.objective == "dpo" && !o.modules_to_save.empty())
+    return InvalidArgument(
+        "--objective dpo with --modules-to-save: the reference needs those modules' original "
+        "weights, which the run overwrites; drop --modules-to-save");
+  if (o.objective != "sft" && o.packing == "split")
+    return InvalidArgument(
+        "--packing split cuts examples apart; preference pairs are truncated as TRL does: use "
+        "--packing truncate (pairs packed into rows) or off (one pair a row)");
   if (o.num_epochs < 1 || o.batch_size_per_device < 1 || o.max_seq_len < 2 ||
       o.gradient_accumulation_steps < 1)
     return InvalidArgument(
@@ -261,7 +313,7 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
                       LoadRunTokenizer(m.config, o.model_id, o.tokenizer, o.data_dir));
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, TextOf(o)));
-  const TokenizedSet& set = data.examples;
+  const TokenizedSet& set = o.objective == "sft" ? data.examples : data.pairs.pairs;
   const BatchingOptions batching = BatchingOf(o, data.pad_id);
   // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
   // Optimizer steps: the plan's micro-batches, --gradient-accumulation-steps at a time (the
@@ -270,8 +322,9 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   const int64_t K = o.gradient_accumulation_steps;
   const int64_t steps_per_epoch = (micro_steps + K - 1) / K;
   if (steps_per_epoch == 0)
-    return InvalidArgument(StrCat("the data set has ", set.size(), " examples: too few for ", world,
-                                  " workers x --batch-size-per-device ", o.batch_size_per_device));
+    return InvalidArgument(StrCat(
+        "the data set has ", set.size(), o.objective == "sft" ? " examples" : " pairs",
+        ": too few for ", world, " workers x --batch-size-per-device ", o.batch_size_per_device));
   std::optional<InstructionData> eval;
   if (!o.eval_split.empty()) {
     DatasetOptions d = DatasetOf(o);
@@ -397,10 +450,15 @@ class Trainer {
   // The held-out loss (every rank takes part), reported; updates the early-stopping count in
   // state (kept in checkpoints, so a resume or restart continues it).
   StatusOr<double> Evaluate(TrainState& state, bool at_epoch_end);
+  // An evaluation's result reported, and the early-stopping count updated; returns its loss.
+  StatusOr<double> Evaluated(TrainState& state, const EvalMetrics& m, bool at_epoch_end);
   // Rank 0, after an epoch's checkpoint: --sample-prompts answered by the checkpoint just written
   // (loaded as `generate` loads it), printed and recorded. A failure is reported, not fatal.
   void Sample(const TrainState& state);
   std::vector<std::string> sample_prompts_;
+  std::unique_ptr<Objective> objective_;  // --objective dpo | orpo; null: the mean token loss
+  // The rows the epoch plans over: the examples, or a preference run's pairs.
+  const TokenizedSet& Rows() const { return objective_ ? in_.data.pairs.pairs : in_.data.examples; }
   bool stop_ = false;  // early stopping fired
   // The last evaluation's step and loss: the epoch's end reuses one taken at its last step.
   int64_t last_eval_step_ = -1;
@@ -440,7 +498,7 @@ Trainer::Trainer(const FinetuneOptions& o, comm::ProcessGroup& pg,
       rank_(pg.rank()),
       world_(pg.size()),
       in_(std::move(in)),
-      engine_(in_.model.config, o.batch_size_per_device, o.max_seq_len,
+      engine_(in_.model.config, o.batch_size_per_device, in_.batching.max_seq_len,
               EngineOptionsOf(o, in_.model)),
       fsdp_(in_.model.config, in_.model.registry, pg, in_.trainable.mask, *in_.model.weights,
             FsdpOptionsOf(o, collective)),
@@ -456,6 +514,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, com
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
   ST_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o, pg.size(), pg.rank()));
   std::unique_ptr<Trainer> t(new Trainer(o, pg, collective, observer, std::move(in)));
+  if (o.objective != "sft") {
+    ST_ASSIGN_OR_RETURN(t->objective_, MakeObjective(ObjectiveOf(o)));
+  }
   ST_ASSIGN_OR_RETURN(t->schedule_, ScheduleOf(o, t->adam_.lr, t->in_.steps_per_epoch));
   ST_ASSIGN_OR_RETURN(t->run_, OpenRunDir(o, pg.rank()));
   t->reporter_.Setup(t->Summary());
@@ -473,12 +534,19 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, com
 SetupSummary Trainer::Summary() const {
   SetupSummary s;
   s.data = in_.data.report.Summary();
-  s.examples = in_.data.examples.size();
+  s.examples = Rows().size();
   s.max_seq_len = o_.max_seq_len;
-  s.truncated = in_.data.examples.truncated;
-  s.tokens = in_.data.examples.tokens();
+  s.truncated = objective_ ? in_.data.pairs.truncated : in_.data.examples.truncated;
+  s.tokens = Rows().tokens();
   s.split = in_.data.examples.split;
   s.untrained = in_.data.examples.untrained;
+  if (objective_) {
+    s.pairs = true;
+    s.dropped = in_.data.pairs.dropped;
+    s.objective = o_.objective == "dpo" ? StrCat("dpo (", o_.loss_type, ", beta ", o_.beta,
+                                                 "; reference: the base, adapters off)")
+                                        : StrCat("orpo (lambda ", o_.beta, ")");
+  }
   const BatchingOptions& b = in_.batching;
   s.layout = StrCat("template ", TemplateKindName(in_.data.kind), ", loss on ",
                     TrainOnName(in_.data.train_on), "; ",
@@ -561,8 +629,7 @@ StatusOr<TrainState> Trainer::Start() {
 
 Status Trainer::RunEpoch(TrainState& state) {
   const auto t0 = Clock::now();
-  const std::vector<StepRows> plan =
-      PlanEpoch(in_.data.examples, in_.batching, world_, rank_, state.epoch);
+  const std::vector<StepRows> plan = PlanEpoch(Rows(), in_.batching, world_, rank_, state.epoch);
   const int64_t K = o_.gradient_accumulation_steps;
   const int64_t steps = (static_cast<int64_t>(plan.size()) + K - 1) / K;  // optimizer steps
   // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time and
@@ -575,13 +642,14 @@ Status Trainer::RunEpoch(TrainState& state) {
     adam.lr = schedule_.At(state.global_step);
     const StepParts parts{engine_, fsdp_,       adam,    o_.max_grad_norm,
                           pg_,     collective_, o_.seed, o_.sync_each_batch};
-    ST_ASSIGN_OR_RETURN(StepResult step,
-                        TrainStep(parts, in_.data.examples,
-                                  std::span<const StepRows>(plan).subspan(
-                                      static_cast<size_t>(i * K),
-                                      static_cast<size_t>(std::min<int64_t>(
-                                          K, static_cast<int64_t>(plan.size()) - i * K))),
-                                  in_.batching, state));
+    const std::span<const StepRows> micro = std::span<const StepRows>(plan).subspan(
+        static_cast<size_t>(i * K),
+        static_cast<size_t>(std::min<int64_t>(K, static_cast<int64_t>(plan.size()) - i * K)));
+    ST_ASSIGN_OR_RETURN(
+        StepResult step,
+        objective_
+            ? PreferenceTrainStep(parts, *objective_, in_.data.pairs, micro, in_.batching, state)
+            : TrainStep(parts, in_.data.examples, micro, in_.batching, state));
     real_tokens += step.real_tokens;
     tokens += step.tokens;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -671,6 +739,20 @@ StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {
   BatchingOptions b = in_.batching;
   b.padding = PaddingMode::kLongest;
   b.group_by_length = false;
+  if (objective_) {  // the objective's loss and metrics over the held-out pairs
+    ST_ASSIGN_OR_RETURN(
+        const std::vector<double> sums,
+        PreferenceEvaluate(engine_, fsdp_, *objective_, in_.eval->pairs, b, pg_, collective_));
+    EvalMetrics m;
+    m.step = state.global_step;
+    m.epoch = state.epoch + 1;
+    m.eval_loss = sums[0];
+    m.tokens = in_.eval->pairs.pairs.tokens();
+    for (size_t i = 1; i < sums.size(); ++i)
+      m.objective_metrics.emplace_back(objective_->metric_names()[i], sums[i]);
+    m.eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    return Evaluated(state, m, at_epoch_end);
+  }
   const TokenizedSet& set = in_.eval->examples;
   double loss_sum = 0;
   int64_t targets = 0;
@@ -696,6 +778,10 @@ StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {
   m.eval_loss = loss_sum / static_cast<double>(targets);
   m.tokens = targets;
   m.eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return Evaluated(state, m, at_epoch_end);
+}
+
+StatusOr<double> Trainer::Evaluated(TrainState& state, const EvalMetrics& m, bool at_epoch_end) {
   reporter_.Eval(m, at_epoch_end);
   last_eval_step_ = state.global_step;
   last_eval_loss_ = m.eval_loss;

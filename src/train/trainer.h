@@ -23,9 +23,11 @@
 #include "data/chat_template.h"
 #include "data/collate.h"
 #include "data/dataset.h"
+#include "data/preference.h"
 #include "data/tokenizer.h"
 #include "io/peft_adapter.h"
 #include "model/config.h"
+#include "train/objectives/objective.h"
 #include "train/step_metrics.h"
 
 namespace st {
@@ -103,6 +105,14 @@ struct FinetuneOptions {
   // The Linear products' operands: auto (bf16 where the CPU has bf16 dot products) | bf16 | fp32.
   // The CLI resolves auto before workers start, so every rank computes alike.
   std::string precision = "auto";
+  // What the loss is (train/objectives/): sft (the mean token loss) | dpo | orpo, and the
+  // preference objectives' flags as TRL's DPOConfig names them: beta (ORPO's lambda), the DPO
+  // loss type (sigmoid | hinge | ipo | robust) and robust DPO's label smoothing. The reference
+  // of DPO is the base model with the LoRA adapters off (--lora-rank is needed).
+  std::string objective = "sft";
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";
+  double label_smoothing = 0;
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   // LoRA (PEFT's LoraConfig): rank 0 = full fine-tuning. With a rank the base model is frozen and
   // only the adapters train; checkpoints are PEFT adapter directories.
@@ -136,12 +146,15 @@ struct TextOptions {
   TemplateKind kind = TemplateKind::kAuto;
   TrainOn train_on = TrainOn::kAuto;
   bool split_long = false;
+  // Preference pairs (--objective dpo | orpo) into InstructionData::pairs instead of examples.
+  bool preference = false;
 };
 
 struct InstructionData {
   std::string tokenizer_dir;
   Tokenizer tokenizer;
   TokenizedSet examples;
+  PreferenceSet pairs;  // a preference run's pairs (TextOptions::preference); examples empty
   DatasetReport report;
   TemplateKind kind = TemplateKind::kInstruction;  // resolved (never kAuto)
   TrainOn train_on = TrainOn::kAll;                // resolved
@@ -168,9 +181,12 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
                                               const std::string& data_dir,
                                               const TextOptions& text = {});
 
-// The text and batching options of a run's flags (checked by ValidateFinetuneOptions).
+// The text and batching options of a run's flags (checked by ValidateFinetuneOptions). A
+// preference run's rows hold pairs: twice --max-seq-len tokens.
 TextOptions TextOf(const FinetuneOptions& options);
 BatchingOptions BatchingOf(const FinetuneOptions& options, int32_t pad_id);
+// The objective flags of a run.
+ObjectiveOptions ObjectiveOf(const FinetuneOptions& options);
 
 // The data set of a run's flags: --dataset, --dataset-split and the field names.
 DatasetOptions DatasetOf(const FinetuneOptions& options);
