@@ -322,6 +322,53 @@ TEST(Preference, WorkersAgreeAndResumeIsExact) {
             ReadFile(whole + "/adapter_model.safetensors"));
 }
 
+// Full fine-tuning has no adapters to switch off: the reference log-probs are computed from the
+// initial weights before the first step and stored with the run, so a resume reads them back and
+// ends with the same weights as an uninterrupted run. With LoRA, precomputing them changes
+// nothing but the time.
+TEST(Preference, PrecomputedReferenceSurvivesResume) {
+  const std::string dir = test::TempDir("dporef");
+  ASSERT_FALSE(dir.empty());
+  const std::string pairs = WritePairs(dir, 16);
+  fs::copy_file(pairs, dir + "/eval.jsonl");
+  const std::string job = Job(dir, pairs) +
+                          " --objective dpo --precision fp32 "
+                          "--topology 2 --batch-size-per-device 2 "
+                          "--eval-dataset " +
+                          dir + "/eval.jsonl --eval-split 'train[:4]'";
+  Ran r = RunCommand(job + " --lr 1e-4 --num-epochs 3 --run-name whole");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("reference: the initial weights, log-probs precomputed"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Reference log-probs of 20 pairs computed"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir + "/whole/reference_logps.safetensors"));
+  r = RunCommand(job + " --lr 1e-4 --num-epochs 2 --run-name part");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = RunCommand(job + " --lr 1e-4 --num-epochs 3 --run-name part --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Reference log-probs: " + dir + "/part/reference_logps.safetensors"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(ReadFile(NewestCheckpoint(dir + "/part") + "/model.safetensors"),
+            ReadFile(NewestCheckpoint(dir + "/whole") + "/model.safetensors"));
+  // The reference's weights are gone once a full fine-tuning run has stepped.
+  fs::remove(dir + "/part/reference_logps.safetensors");
+  r = RunCommand(job + " --lr 1e-4 --num-epochs 4 --run-name part --resume");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("is missing: the reference weights are gone"), std::string::npos) << r.out;
+
+  std::vector<std::vector<nlohmann::json>> lora;
+  for (const char* extra : {"", " --precompute-ref-log-probs"}) {
+    r = RunCommand(job + " --lora-rank 4 --lr 1e-2 --num-epochs 2 --run-name lora" +
+                   std::string(*extra ? "p" : "") + extra);
+    ASSERT_EQ(r.code, 0) << r.out;
+    lora.push_back(Records(dir + "/lora" + std::string(*extra ? "p" : ""), "epoch"));
+    ASSERT_EQ(lora.back().size(), 2u);
+  }
+  for (size_t e = 0; e < 2; ++e)
+    EXPECT_NEAR(lora[1][e]["loss"].get<double>(), lora[0][e]["loss"].get<double>(), 1e-6);
+}
+
 TEST(Preference, BadRecordsAreSkippedAndCountedBadFlagsRefused) {
   const std::string dir = test::TempDir("dpobad");
   ASSERT_FALSE(dir.empty());
@@ -355,7 +402,7 @@ TEST(Preference, BadRecordsAreSkippedAndCountedBadFlagsRefused) {
   // One clear line each.
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"", "this is preference data (chosen, rejected): train on it with --objective dpo"},
-           {" --objective dpo", "--objective dpo needs a reference model: train LoRA adapters"},
+           {" --objective orpo --precompute-ref-log-probs", "--precompute-ref-log-probs is DPO's"},
            {" --objective dpo --lora-rank 4 --loss-type square", "--loss-type must be sigmoid"},
            {" --objective dpo --lora-rank 4 --label-smoothing 0.1",
             "--label-smoothing applies to --loss-type robust"},

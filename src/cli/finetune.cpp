@@ -184,6 +184,7 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   s(a.timeout_ms)};
   if (o.resume) cmd.push_back("--resume");
   if (o.use_rslora) cmd.push_back("--use-rslora");
+  if (o.precompute_ref_log_probs) cmd.push_back("--precompute-ref-log-probs");
   cmd.push_back("--packing=" + o.packing);
   if (o.group_by_length) cmd.push_back("--group-by-length");
   if (o.sync_each_batch) cmd.push_back("--sync-each-batch");
@@ -440,7 +441,9 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     std::printf(
         "Starting slicetrain FSDP %s job: model=%s, topology=%s, accelerator_type=%s, "
         "num_workers=%d\n",
-        a.o.objective == "dpo" ? "DPO" : a.o.objective == "orpo" ? "ORPO" : "SFT",
+        a.o.objective == "dpo"    ? "DPO"
+        : a.o.objective == "orpo" ? "ORPO"
+                                  : "SFT",
         a.o.model_id.c_str(), topo.shape.c_str(), topo.accelerator_type.c_str(), topo.world_size());
     std::fflush(stdout);
   }
@@ -604,6 +607,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   pref->add_option("--loss-type", o.loss_type, "DPO's loss: sigmoid, hinge, ipo or robust")
       ->capture_default_str();
+  pref->add_flag("--precompute-ref-log-probs", o.precompute_ref_log_probs,
+                 "DPO: the reference's log-probs of every pair computed once before training and "
+                 "stored with the run (always so for full fine-tuning, which keeps no second "
+                 "model), instead of a reference forward every step");
   pref->add_option("--label-smoothing", o.label_smoothing,
                    "robust DPO: the probability that a pair's preference is flipped, in [0, 0.5)")
       ->capture_default_str();

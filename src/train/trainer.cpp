@@ -18,6 +18,7 @@
 #include "io/files.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
+#include "io/safetensors.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "model/gemma4.h"
@@ -158,15 +159,8 @@ DatasetOptions DatasetOf(const FinetuneOptions& o) {
 
 Status ValidateFinetuneOptions(const FinetuneOptions& o) {
   ST_RETURN_IF_ERROR(ValidateObjectiveOptions(ObjectiveOf(o)));
-  if (o.objective == "dpo" && o.lora_rank <= 0)
-    return InvalidArgument(
-        "--objective dpo needs a reference model: train LoRA adapters (--lora-rank R), whose base "
-        "with the adapters off is the reference; full fine-tuning has no reference yet (or use "
-        "--objective orpo, which needs none)");
-  if (o.objective == "dpo" && !o.modules_to_save.empty())
-    return InvalidArgument(
-        "--objective dpo with --modules-to-save: the reference needs those modules' original "
-        "weights, which the run overwrites; drop --modules-to-save");
+  if (o.precompute_ref_log_probs && o.objective != "dpo")
+    return InvalidArgument("--precompute-ref-log-probs is DPO's (ORPO and SFT have no reference)");
   if (o.objective != "sft" && o.packing == "split")
     return InvalidArgument(
         "--packing split cuts examples apart; preference pairs are truncated as TRL does: use "
@@ -450,6 +444,15 @@ class Trainer {
   // The held-out loss (every rank takes part), reported; updates the early-stopping count in
   // state (kept in checkpoints, so a resume or restart continues it).
   StatusOr<double> Evaluate(TrainState& state, bool at_epoch_end);
+  // DPO with a precomputed reference (--precompute-ref-log-probs; full fine-tuning and
+  // --modules-to-save, whose reference weights the run overwrites): the table of every training
+  // and held-out pair, read from the run directory, else computed (rank 0 stores it).
+  Status PrepareReference(const TrainState& state);
+  bool PrecomputesReference() const {
+    return objective_ && objective_->needs_reference() &&
+           (o_.precompute_ref_log_probs || o_.lora_rank <= 0 || !o_.modules_to_save.empty());
+  }
+  std::vector<float> ref_train_, ref_eval_;  // [2 x pairs] chosen, rejected; empty: none
   // An evaluation's result reported, and the early-stopping count updated; returns its loss.
   StatusOr<double> Evaluated(TrainState& state, const EvalMetrics& m, bool at_epoch_end);
   // Rank 0, after an epoch's checkpoint: --sample-prompts answered by the checkpoint just written
@@ -543,9 +546,13 @@ SetupSummary Trainer::Summary() const {
   if (objective_) {
     s.pairs = true;
     s.dropped = in_.data.pairs.dropped;
-    s.objective = o_.objective == "dpo" ? StrCat("dpo (", o_.loss_type, ", beta ", o_.beta,
-                                                 "; reference: the base, adapters off)")
-                                        : StrCat("orpo (lambda ", o_.beta, ")");
+    s.objective =
+        o_.objective == "dpo"
+            ? StrCat("dpo (", o_.loss_type, ", beta ", o_.beta, "; reference: ",
+                     o_.lora_rank > 0 && o_.modules_to_save.empty() ? "the base, adapters off"
+                                                                    : "the initial weights",
+                     PrecomputesReference() ? ", log-probs precomputed)" : ")")
+            : StrCat("orpo (lambda ", o_.beta, ")");
   }
   const BatchingOptions& b = in_.batching;
   s.layout = StrCat("template ", TemplateKindName(in_.data.kind), ", loss on ",
@@ -605,11 +612,59 @@ CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
   return c;
 }
 
+Status Trainer::PrepareReference(const TrainState& state) {
+  const std::string path = (fs::path(run_.dir) / "reference_logps.safetensors").string();
+  const int64_t n = in_.data.pairs.size(), m = in_.eval ? in_.eval->pairs.size() : 0;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {  // a resumed run's (every rank reads the shared run directory)
+    ST_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::Open(path));
+    ref_train_.resize(static_cast<size_t>(2 * n));
+    Status s = f.ReadF32("train", ref_train_.data(), {n, 2});
+    if (s.ok() && m > 0) {
+      ref_eval_.resize(static_cast<size_t>(2 * m));
+      s = f.ReadF32("eval", ref_eval_.data(), {m, 2});
+    }
+    if (!s.ok())
+      return InvalidArgument(StrCat(path, " does not hold this run's ", n, " training and ", m,
+                                    " held-out pairs (", s.message(),
+                                    "): the data changed since it was computed; start a new run "
+                                    "(another --run-name)"));
+    if (rank_ == 0)
+      std::printf("Reference log-probs: %s (%lld pairs)\n", path.c_str(), (long long)(n + m));
+    return Status::Ok();
+  }
+  if (state.global_step > 0 && (o_.lora_rank <= 0 || !o_.modules_to_save.empty()))
+    return InvalidArgument(StrCat(
+        "the run has trained ", state.global_step, " steps but ", path,
+        " is missing: the reference weights are gone; start a new run (another --run-name)"));
+  const auto t0 = Clock::now();
+  ST_ASSIGN_OR_RETURN(ref_train_, PrecomputeReferenceLogps(engine_, fsdp_, in_.data.pairs,
+                                                           in_.batching, pg_, collective_));
+  if (m > 0) {
+    ST_ASSIGN_OR_RETURN(ref_eval_, PrecomputeReferenceLogps(engine_, fsdp_, in_.eval->pairs,
+                                                            in_.batching, pg_, collective_));
+  }
+  if (rank_ != 0) return Status::Ok();
+  std::vector<TensorToWrite> tensors = {{"train", DType::kF32, {n, 2}, ref_train_.data()}};
+  if (m > 0) tensors.push_back({"eval", DType::kF32, {m, 2}, ref_eval_.data()});
+  ST_RETURN_IF_ERROR(WriteSafeTensors(
+      path, tensors,
+      {{"format", "slicetrain DPO reference log-probs: [pairs, 2] chosen, rejected sums"},
+       {"reference", o_.lora_rank > 0 && o_.modules_to_save.empty() ? "the base, adapters off"
+                                                                    : "the initial weights"}}));
+  std::printf("Reference log-probs of %lld pairs computed in %.1fs and stored in %s\n",
+              (long long)(n + m), std::chrono::duration<double>(Clock::now() - t0).count(),
+              path.c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
 StatusOr<TrainState> Trainer::Start() {
   TrainState state;
   if (o_.resume || o_.resume_if_any) {
     ST_ASSIGN_OR_RETURN(state, checkpointer_->Resume(/*required=*/o_.resume));
   }
+  if (PrecomputesReference()) ST_RETURN_IF_ERROR(PrepareReference(state));
   RunInfo info;
   info.run_name = run_.name;
   info.run_dir = run_.dir;
@@ -647,9 +702,9 @@ Status Trainer::RunEpoch(TrainState& state) {
         static_cast<size_t>(std::min<int64_t>(K, static_cast<int64_t>(plan.size()) - i * K)));
     ST_ASSIGN_OR_RETURN(
         StepResult step,
-        objective_
-            ? PreferenceTrainStep(parts, *objective_, in_.data.pairs, micro, in_.batching, state)
-            : TrainStep(parts, in_.data.examples, micro, in_.batching, state));
+        objective_ ? PreferenceTrainStep(parts, *objective_, in_.data.pairs, micro, in_.batching,
+                                         state, ref_train_.empty() ? nullptr : &ref_train_)
+                   : TrainStep(parts, in_.data.examples, micro, in_.batching, state));
     real_tokens += step.real_tokens;
     tokens += step.tokens;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -740,9 +795,9 @@ StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {
   b.padding = PaddingMode::kLongest;
   b.group_by_length = false;
   if (objective_) {  // the objective's loss and metrics over the held-out pairs
-    ST_ASSIGN_OR_RETURN(
-        const std::vector<double> sums,
-        PreferenceEvaluate(engine_, fsdp_, *objective_, in_.eval->pairs, b, pg_, collective_));
+    ST_ASSIGN_OR_RETURN(const std::vector<double> sums,
+                        PreferenceEvaluate(engine_, fsdp_, *objective_, in_.eval->pairs, b, pg_,
+                                           collective_, ref_eval_.empty() ? nullptr : &ref_eval_));
     EvalMetrics m;
     m.step = state.global_step;
     m.epoch = state.epoch + 1;

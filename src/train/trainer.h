@@ -113,6 +113,10 @@ struct FinetuneOptions {
   double beta = 0.1;
   std::string loss_type = "sigmoid";
   double label_smoothing = 0;
+  // DPO's reference log-probs computed once before the first step and stored with the run
+  // (<run>/reference_logps.safetensors, so a resume does not redo them), instead of a reference
+  // forward every step. Full fine-tuning (no adapters to switch off) always does this.
+  bool precompute_ref_log_probs = false;
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   // LoRA (PEFT's LoraConfig): rank 0 = full fine-tuning. With a rank the base model is frozen and
   // only the adapters train; checkpoints are PEFT adapter directories.
