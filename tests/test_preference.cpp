@@ -369,6 +369,40 @@ TEST(Preference, PrecomputedReferenceSurvivesResume) {
     EXPECT_NEAR(lora[1][e]["loss"].get<double>(), lora[0][e]["loss"].get<double>(), 1e-6);
 }
 
+// `evaluate --objective dpo` on a run's adapter reports the run's own held-out eval_loss and
+// metrics (tools/check_dpo.py compares the same figure with transformers + PEFT).
+TEST(Preference, EvaluateReportsTheRunsEvalLoss) {
+  const std::string dir = test::TempDir("dpoeval");
+  ASSERT_FALSE(dir.empty());
+  const std::string pairs = WritePairs(dir, 24);
+  fs::copy_file(pairs, dir + "/eval.jsonl");
+  const Ran r = RunCommand(Job(dir, pairs) +
+                           " --objective dpo --lora-rank 4 --lr 2e-2 --precision fp32 --topology 2 "
+                           "--num-epochs 2 --eval-dataset " +
+                           dir + "/eval.jsonl --eval-split 'train[:8]' --run-name e");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto evals = Records(dir + "/e", "eval");
+  ASSERT_EQ(evals.size(), 2u);
+  const std::string eval = std::string(ST_BINARY) +
+                           " evaluate --model-id gemma4-tiny --data-dir " ST_SOURCE_DIR
+                           "/data --dataset " +
+                           dir + "/eval.jsonl --dataset-split 'train[:8]' --max-seq-len 64 " +
+                           "--precision fp32 --objective dpo --json";
+  const Ran e = RunCommand(eval + " --adapter " + NewestCheckpoint(dir + "/e"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  const auto j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  // The run evaluates with the weights FSDP all-gathers in bf16 (its param dtype), evaluate with
+  // the saved fp32 adapter: 8e-5 apart here.
+  EXPECT_NEAR(j["loss"].get<double>(), evals.back()["eval_loss"].get<double>(), 5e-4);
+  EXPECT_NEAR(j["rewards/margins"].get<double>(),
+              evals.back()["eval_rewards/margins"].get<double>(), 1e-3);
+  EXPECT_EQ(j["pairs"], 8);
+  const Ran no_adapter = RunCommand(eval);
+  EXPECT_NE(no_adapter.code, 0);
+  EXPECT_NE(no_adapter.out.find("evaluate --objective dpo needs --adapter"), std::string::npos)
+      << no_adapter.out;
+}
+
 TEST(Preference, BadRecordsAreSkippedAndCountedBadFlagsRefused) {
   const std::string dir = test::TempDir("dpobad");
   ASSERT_FALSE(dir.empty());

@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
+#include "train/objectives/preference_step.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
 
@@ -38,11 +39,66 @@ struct EvaluateArgs {
   bool json = false;
   int threads = 0;                 // 0 = OMP_NUM_THREADS, else the usable CPUs
   std::string precision = "auto";  // --precision, resolved by cpu::ResolvePrecision
+  ObjectiveOptions objective;      // --objective dpo | orpo: the preference loss on pairs
 };
+
+// The preference objective's loss and metrics over every pair (batches of --batch-size pairs,
+// each pair a row; the reference of DPO is the model with the adapter off).
+Status RunPreference(const EvaluateArgs& a, const InstructionData& data, Gemma4Engine& engine,
+                     const ParamTable& table, FrozenWeights& frozen, Precision precision) {
+  ST_ASSIGN_OR_RETURN(std::unique_ptr<Objective> objective, MakeObjective(a.objective));
+  if (objective->needs_reference() && a.adapter.empty())
+    return InvalidArgument(
+        "evaluate --objective dpo needs --adapter: its reference is --model-id with the adapter "
+        "off (as the run trained it)");
+  const PreferenceSet& set = data.pairs;
+  std::vector<int64_t> order(static_cast<size_t>(set.size()));
+  for (int64_t i = 0; i < set.size(); ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return set.pairs.length(x) > set.pairs.length(y); });
+  std::vector<StepRows> plan;
+  for (int64_t start = 0; start < set.size(); start += a.batch_size) {
+    StepRows rows;
+    for (int64_t i = start; i < std::min(set.size(), start + a.batch_size); ++i)
+      rows.push_back({order[static_cast<size_t>(i)]});
+    plan.push_back(std::move(rows));
+  }
+  BatchingOptions b;
+  b.max_seq_len = 2 * a.max_seq_len;
+  b.pad_id = data.pad_id;
+  const PairForward forward = [&](const Batch& batch) {
+    engine.Forward(table, batch, &frozen);
+    return Status::Ok();
+  };
+  ST_ASSIGN_OR_RETURN(const std::vector<double> sums,
+                      EvaluatePairs(engine, forward, *objective, set, plan, b, nullptr, {}));
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double peak_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  const std::vector<std::string>& names = objective->metric_names();
+  if (a.json) {
+    nlohmann::json j = {{"objective", a.objective.objective},
+                        {"loss", sums[0]},
+                        {"pairs", set.size()},
+                        {"dropped", set.dropped},
+                        {"peak_rss_mib", peak_mib},
+                        {"precision", PrecisionName(precision)}};
+    for (size_t i = 1; i < names.size(); ++i) j[names[i]] = sums[i];
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::string line = StrCat(a.objective.objective, " loss=", sums[0]);
+    for (size_t i = 1; i < names.size(); ++i) line += StrCat(" ", names[i], "=", sums[i]);
+    std::printf("%s pairs=%lld dropped=%lld peak_rss=%.0fMiB precision=%s\n", line.c_str(),
+                (long long)set.size(), (long long)set.dropped, peak_mib, PrecisionName(precision));
+  }
+  return Status::Ok();
+}
 
 Status Run(const EvaluateArgs& a) {
   if (a.max_seq_len < 2 || a.batch_size < 1)
     return InvalidArgument("--max-seq-len must be >= 2 and --batch-size >= 1");
+  ST_RETURN_IF_ERROR(ValidateObjectiveOptions(a.objective));
+  const bool pairs = a.objective.objective != "sft";
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
   ST_ASSIGN_OR_RETURN(DatasetSource src,
                       ResolveDatasetSource(a.dataset.path, a.dataset.config, a.dataset_revision,
@@ -67,13 +123,25 @@ Status Run(const EvaluateArgs& a) {
   forward_only.training = false;
   ST_ASSIGN_OR_RETURN(forward_only.precision, cpu::ResolvePrecision(a.precision));
   forward_only.lora = m.lora;
-  ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, a.max_seq_len, forward_only));
+  const int64_t row_len = pairs ? 2 * a.max_seq_len : a.max_seq_len;
+  ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, row_len, forward_only));
   TextOptions text;
+  text.preference = pairs;
   ST_ASSIGN_OR_RETURN(text.kind, ParseTemplateKind(a.chat_template));
   ST_ASSIGN_OR_RETURN(text.train_on, ParseTrainOn(a.train_on));
   ST_ASSIGN_OR_RETURN(
       InstructionData data,
       LoadInstructionData(m.config, model_id, a.tokenizer, dataset, a.max_seq_len, data_dir, text));
+  if (pairs) {
+    Gemma4Engine engine(m.config, a.batch_size, row_len, forward_only);
+    FrozenWeights frozen(m.registry, *m.weights,
+                         std::vector<bool>(static_cast<size_t>(m.registry.layout.size()), true));
+    ParamTable table;
+    table.param.assign(m.registry.layout.size(), nullptr);
+    table.grad.assign(m.registry.layout.size(), nullptr);
+    frozen.Bind(&table);
+    return RunPreference(a, data, engine, table, frozen, forward_only.precision);
+  }
   const TokenizedSet& set = data.examples;
   // Batches of similar lengths, each padded to its longest (the loss is a sum over targets, so
   // the order does not change it).
@@ -170,6 +238,20 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
                   "dot products; a checkpoint trained in either evaluates in either)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");
+  auto* pref =
+      cmd->add_option_group("Preference objective", "the loss on prompt/chosen/rejected pairs");
+  pref->add_option("--objective", a->objective.objective,
+                   "sft (the mean token loss), dpo (needs --adapter: the reference is --model-id "
+                   "with the adapter off) or orpo; with dpo/orpo --dataset holds preference pairs "
+                   "and --max-seq-len applies to each side")
+      ->capture_default_str();
+  pref->add_option("--beta", a->objective.beta, "DPO's beta; ORPO's lambda")->capture_default_str();
+  pref->add_option("--loss-type", a->objective.loss_type,
+                   "DPO's loss: sigmoid, hinge, ipo or robust")
+      ->capture_default_str();
+  pref->add_option("--label-smoothing", a->objective.label_smoothing,
+                   "robust DPO: the probability that a preference is flipped")
+      ->capture_default_str();
   cmd->callback([&ctx, a] {
     Status st = Run(*a);
     if (!st.ok()) ctx.exit_code = ReportError("evaluate", st);
