@@ -6,7 +6,8 @@
 # per host), the run's seed lines and tokens/s, and `evaluate --adapter` on the saved adapter.
 #   bench/e2b_lora.sh MODEL_DIR
 # Env: SLICETRAIN (binary), RANK (16), TARGETS (q_proj,v_proj), BATCH (1), SEQ (512),
-#      STEPS (steps per worker, 3), CKPT (--activation-checkpointing, layer), OUT=DIR (keep the run).
+#      STEPS (steps per worker, 3), CKPT (--activation-checkpointing, layer), OUT=DIR (keep the run),
+#      OBJECTIVE (sft; dpo or orpo train on PAIRS, a preference file, with SEQ tokens a side).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${SLICETRAIN:-$root/build/slicetrain}"
@@ -19,14 +20,21 @@ if [ -n "${OUT:-}" ]; then
 else
   out="$(mktemp -d)" && trap 'rm -rf "$out"' EXIT
 fi
+objective="${OBJECTIVE:-sft}"
 flags=(--model-id "$model" --tokenizer "$tok" --lora-rank "$rank" --lora-target-modules "$targets"
        --batch-size-per-device "$batch" --max-seq-len "$seq" --topology 2
        --activation-checkpointing "$ckpt" --dataset-split "train[:$((2 * batch * steps))]"
        --num-epochs 1)
+data=()
+if [ "$objective" != sft ]; then
+  [ -n "${PAIRS:-}" ] || { echo "OBJECTIVE=$objective needs PAIRS=FILE (preference pairs)"; exit 2; }
+  flags+=(--objective "$objective" --dataset "$PAIRS" --packing off)
+  data=(--objective "$objective" --dataset "$PAIRS")
+fi
 echo "## memory plan"
 "$bin" finetune "${flags[@]}" --dry-run | tail -12
 
-echo "## finetune --lora-rank $rank ($targets), 2 workers, $steps steps of $batch x $seq tokens"
+echo "## finetune --objective $objective --lora-rank $rank ($targets), 2 workers, $steps steps of $batch x $seq tokens"
 "$bin" finetune "${flags[@]}" --no-dashboard --progress lines --storage-path "$out" \
   --run-name lora > "$out/finetune.log" 2>&1 &
 driver=$!
@@ -47,7 +55,7 @@ while kill -0 "$driver" 2>/dev/null; do
   sleep 1
 done
 wait "$driver" || { cat "$out/finetune.log"; exit 1; }
-grep -E "Data:|LoRA|step [0-9]+/|Epoch|Memory per worker|Checkpoint" "$out/finetune.log"
+grep -E "Data:|Objective:|LoRA|step [0-9]+/|Epoch|Memory per worker|Checkpoint" "$out/finetune.log"
 for pid in "${!peak_pss[@]}"; do
   echo "worker pid $pid: peak RSS $((peak_rss[$pid] / 1024)) MiB, peak PSS $((peak_pss[$pid] / 1024)) MiB"
 done
@@ -57,4 +65,4 @@ adapter="$(ls -d "$out"/lora/checkpoint_* | head -1)"
 echo "## the saved adapter: $(ls "$adapter" | tr '\n' ' ')"
 /usr/bin/time -f "evaluate --adapter: wall %e s, peak RSS %M KB" "$bin" evaluate --json \
   --model-id "$model" --adapter "$adapter" --tokenizer "$tok" --dataset-split 'train[:4]' \
-  --batch-size 2 --max-seq-len 128
+  --batch-size 2 --max-seq-len 128 "${data[@]}"

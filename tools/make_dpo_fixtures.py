@@ -24,6 +24,12 @@ Written to tests/fixtures/dpo/:
     conv.jsonl              40 conversational records {"prompt": [messages], "chosen": [assistant], "rejected": [...]}
     implicit_conv.jsonl     10 records {"chosen": [user, assistant], "rejected": [same user, other assistant]}
     implicit_text.jsonl     10 records {"chosen": "Question? Answer A", "rejected": "Question? Answer B"}
+    implicit_conv.parquet   implicit_conv.jsonl's records as a hub preference set stores them (HuggingFaceH4/
+                            ultrafeedback_binarized's columns): "prompt" (the user text, a string beside
+                            conversational completions, which TRL's maybe_extract_prompt ignores and re-extracts),
+                            "chosen", "rejected" (lists of {"role", "content"} structs), "score_chosen",
+                            "score_rejected" (float64); written by pyarrow in two row groups of 5. Its tokenization
+                            is implicit_conv.jsonl's.
                             All built from fixed word tables with random.Random(seed); edge cases listed in make_*().
     tokenized.jsonl         one line per record of the four files (in that order), {"file", "index", "prompt_ids",
                             "chosen_ids", "rejected_ids", "dropped_at_64"}: the columns of TRL's
@@ -433,6 +439,17 @@ def main():
     }
     for fn in FILES:
         write_jsonl(out / fn, records[fn])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = records["implicit_conv.jsonl"]
+    table = pa.table({
+        "prompt": [r["chosen"][0]["content"] for r in rows],
+        "chosen": [r["chosen"] for r in rows],
+        "rejected": [r["rejected"] for r in rows],
+        "score_chosen": [8.0 + i % 3 for i in range(len(rows))],
+        "score_rejected": [2.0 + i % 3 for i in range(len(rows))],
+    })
+    pq.write_table(table, out / "implicit_conv.parquet", row_group_size=5)
 
     model_dir = make_model(out)
     adapter = make_adapter(out, model_dir)

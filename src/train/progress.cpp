@@ -72,9 +72,10 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
                                 : std::string();
   if (s.untrained > 0) split += StrCat(", ", s.untrained, " with no target left");
   std::printf(
-      "Data: %s; %lld examples of up to %lld tokens (mean %.1f; %lld truncated%s); %s; %lld "
+      "Data: %s; %lld %s of up to %lld tokens%s (mean %.1f; %lld truncated%s); %s; %lld "
       "steps per epoch of %d x %lld%s; lr=%g (%s); %.2f M trainable parameters, %.2f M frozen\n",
-      s.data.c_str(), (long long)s.examples, (long long)s.max_seq_len,
+      s.data.c_str(), (long long)s.examples, s.pairs ? "pairs" : "examples",
+      (long long)s.max_seq_len, s.pairs ? " a side" : "",
       s.examples > 0 ? static_cast<double>(s.tokens) / static_cast<double>(s.examples) : 0.0,
       (long long)s.truncated, split.c_str(), s.layout.c_str(), (long long)s.steps_per_epoch,
       s.world, (long long)s.batch_size_per_device, micro.c_str(), s.lr, s.lr_schedule.c_str(),

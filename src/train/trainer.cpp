@@ -556,7 +556,8 @@ SetupSummary Trainer::Summary() const {
   }
   const BatchingOptions& b = in_.batching;
   s.layout = StrCat("template ", TemplateKindName(in_.data.kind), ", loss on ",
-                    TrainOnName(in_.data.train_on), "; ",
+                    objective_ ? std::string("the completions") : TrainOnName(in_.data.train_on),
+                    "; ", objective_ && !b.packing ? "one pair a row, " : "",
                     b.packing ? StrCat("packed into rows of ", b.max_seq_len, " tokens")
                     : b.padding == PaddingMode::kMaxLength
                         ? StrCat("padded to ", b.max_seq_len)
