@@ -226,7 +226,8 @@ TEST(Dataset, CustomFields) {
 TEST(Prompt, TemplateDefaultsAndOverride) {
   PromptTemplate t;
   ASSERT_TRUE(t.Validate().ok());
-  InstructionRecord r{1, "What is 1 + 1?", "", "2", {}};
+  InstructionRecord r;
+  r.line = 1, r.instruction = "What is 1 + 1?", r.response = "2";
   EXPECT_EQ(t.Format(r), "Instruction: What is 1 + 1?\nResponse: 2");  // the seed's template
   r.context = "math";
   EXPECT_EQ(t.Format(r), "Instruction: What is 1 + 1?\nContext: math\nResponse: 2");

@@ -421,6 +421,62 @@ TEST(Engine, TiledHeadLossMatchesTheWholeLogits) {
   }
 }
 
+// Per-token log-probs (what DPO sums) and a backward with per-token loss weights (what an
+// objective's gradient becomes), tiled head against the whole logits: equal log-probs summing to
+// the loss, equal weighted gradients, and weights of 1 / targets equal to the plain mean loss.
+TEST(Engine, TargetLogProbsAndWeightedBackwardMatchTheWholeLogits) {
+  Gemma4Config c = MicroConfig();
+  c.vocab_size = c.vocab_size_per_layer_input = kHeadBlock + 77;
+  ASSERT_TRUE(c.Validate().ok());
+  const int64_t B = 2, T = 40;
+  EngineOptions whole;
+  whole.whole_logits = true;
+  Gemma4Engine fast(c, B, T), ref(c, B, T, whole);
+  auto params = InitedParams(c, fast.registry(), 11);
+  MicroBatch mb = MakeBatch(c, B, T, 12);
+  for (int64_t i = 0; i < B * T; i += 7) mb.labels[i] = -100;
+  Batch batch = mb.Get(B, T);
+  const ForwardResult rf = fast.Forward(params.data(), batch);
+  ref.Forward(params.data(), batch);
+  std::vector<float> lf(B * T), lr(B * T);
+  fast.TargetLogProbs(lf.data());
+  ref.TargetLogProbs(lr.data());
+  double sum = 0;
+  for (int64_t i = 0; i < B * T; ++i) {
+    EXPECT_NEAR(lf[i], lr[i], 1e-4) << i;
+    const bool target = i % T > 0 && batch.labels[i] != -100;
+    if (!target) {
+      EXPECT_EQ(lf[i], 0.0f) << i;
+    }
+    sum -= lf[i];
+  }
+  EXPECT_NEAR(sum, rf.loss_sum, 1e-5 * rf.loss_sum);
+  // Weights of 1 / targets everywhere: the plain mean loss's gradients.
+  std::vector<float> mean_w(B * T, 1.0f / static_cast<float>(rf.num_valid));
+  std::vector<float> plain(params.size(), 0.f), weighted(params.size(), 0.f);
+  fast.Backward(params.data(), plain.data(), batch, 1.0f / rf.num_valid);
+  fast.Forward(params.data(), batch);
+  Batch wb = batch;
+  wb.loss_weights = mean_w.data();
+  fast.Backward(params.data(), weighted.data(), wb, 1.0f);
+  EXPECT_LT(RelError(plain.data(), weighted.data(), static_cast<int64_t>(plain.size())), 1e-6);
+  // Arbitrary signed weights: tiled and whole agree.
+  Rng rng(5);
+  std::vector<float> w(B * T);
+  for (float& x : w) x = static_cast<float>(rng.Normal()) * 0.1f;
+  wb.loss_weights = w.data();
+  std::vector<float> gf(params.size(), 0.f), gr(params.size(), 0.f);
+  fast.Forward(params.data(), batch);
+  fast.Backward(params.data(), gf.data(), wb, 1.0f);
+  ref.Forward(params.data(), batch);
+  ref.Backward(params.data(), gr.data(), wb, 1.0f);
+  const ParamRegistry& reg = fast.registry();
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    const ArenaEntry& e = reg.layout.entry(i);
+    EXPECT_LT(RelError(gf.data() + e.offset, gr.data() + e.offset, e.numel), 1e-5) << e.name;
+  }
+}
+
 // Activation checkpointing recomputes with the same kernels on the same inputs: loss and every
 // gradient bit for bit those of keeping everything, with padding, KV sharing and PLE, and with the
 // embedding tables frozen and served from a source (FrozenWeights' per-layer hooks).

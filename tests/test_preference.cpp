@@ -2,7 +2,9 @@
 // (tools/make_dpo_fixtures.py, tests/fixtures/dpo/), and the whole job through the binary on the
 // bundled tiny model: ln 2 at step 0, learning, workers agreeing, exact resume, bad records.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +23,7 @@
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "model/gemma4.h"
+#include "proc_util.h"
 #include "test_util.h"
 #include "train/objectives/objective.h"
 
@@ -287,19 +290,24 @@ TEST(Preference, OrpoNeedsNoReferenceAndLogsItsOddsRatio) {
               1e-4);
 }
 
-TEST(Preference, WorkersAgreeAndResumeIsExact) {
+TEST(Preference, WorkersAndAccumulationAgreeKilledRunResumesExactly) {
   const std::string dir = test::TempDir("dpow");
   ASSERT_FALSE(dir.empty());
   const std::string pairs = WritePairs(dir, 16);
   const std::string job =
       Job(dir, pairs) + " --objective dpo --lora-rank 4 --lr 1e-2 --precision fp32 --packing off";
   std::vector<double> first;
-  for (const auto& [world, batch] : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}, {4, 1}}) {
-    const Ran r = RunCommand(job + " --num-epochs 2 --topology " + std::to_string(world) +
-                             " --batch-size-per-device " + std::to_string(batch) + " --run-name w" +
-                             std::to_string(world));
+  int run = 0;
+  // The same global batch of 4 pairs: 1 x 4, 2 x 2, 4 x 1, and 2 workers x 2 micro-batches of 1.
+  for (const std::string& shape :
+       {std::string("--topology 1 --batch-size-per-device 4"),
+        std::string("--topology 2 --batch-size-per-device 2"),
+        std::string("--topology 4 --batch-size-per-device 1"),
+        std::string("--topology 2 --batch-size-per-device 1 --gradient-accumulation-steps 2")}) {
+    const std::string name = "shape" + std::to_string(run++);
+    const Ran r = RunCommand(job + " --num-epochs 2 " + shape + " --run-name " + name);
     ASSERT_EQ(r.code, 0) << r.out;
-    const auto epochs = Records(dir + "/w" + std::to_string(world), "epoch");
+    const auto epochs = Records(dir + "/" + name, "epoch");
     ASSERT_EQ(epochs.size(), 2u);
     if (first.empty()) {
       for (const auto& e : epochs) first.push_back(e["loss"].get<double>());
@@ -309,20 +317,64 @@ TEST(Preference, WorkersAgreeAndResumeIsExact) {
     // gradients (B starts at zero) into full-size updates, so the runs drift apart slowly (as in
     // test_trainer's LoRA runs): within 5e-4, against the loss's fall checked below.
     for (size_t e = 0; e < 2; ++e)
-      EXPECT_NEAR(epochs[e]["loss"].get<double>(), first[e], 5e-4) << "world " << world;
+      EXPECT_NEAR(epochs[e]["loss"].get<double>(), first[e], 5e-4) << shape;
   }
   EXPECT_LT(first[1], first[0] - 5e-3) << "the adapters learn";
-  // One epoch, then --resume to two: the same adapter as two epochs at once.
-  Ran a = RunCommand(job + " --num-epochs 1 --topology 2 --batch-size-per-device 2 --run-name r");
-  ASSERT_EQ(a.code, 0) << a.out;
-  a = RunCommand(job +
-                 " --num-epochs 2 --topology 2 --batch-size-per-device 2 --run-name r "
-                 "--resume");
-  ASSERT_EQ(a.code, 0) << a.out;
-  const std::string resumed = NewestCheckpoint(dir + "/r"), whole = NewestCheckpoint(dir + "/w2");
-  ASSERT_FALSE(resumed.empty());
-  EXPECT_EQ(ReadFile(resumed + "/adapter_model.safetensors"),
-            ReadFile(whole + "/adapter_model.safetensors"));
+
+  // Killed after a step checkpoint inside epoch 2 (LoRA dropout on, so the masks' seeds must
+  // replay too), resumed: the same adapter as the uninterrupted run.
+  const std::vector<std::string> base = {ST_BINARY,
+                                         "finetune",
+                                         "--data-dir",
+                                         ST_SOURCE_DIR "/data",
+                                         "--dataset",
+                                         pairs,
+                                         "--dataset-split",
+                                         "train",
+                                         "--max-seq-len",
+                                         "64",
+                                         "--objective",
+                                         "dpo",
+                                         "--lora-rank",
+                                         "4",
+                                         "--lora-dropout",
+                                         "0.1",
+                                         "--no-dashboard",
+                                         "--progress",
+                                         "off",
+                                         "--storage-path",
+                                         dir,
+                                         "--topology",
+                                         "2",
+                                         "--batch-size-per-device",
+                                         "1",
+                                         "--num-epochs",
+                                         "2",
+                                         "--save-steps",
+                                         "3"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  testing::Proc full(with({"--run-name", "full"}));
+  ASSERT_EQ(full.Wait(std::chrono::seconds(300)), 0) << full.output();
+  testing::Proc part(with({"--run-name", "part"}));
+  ASSERT_TRUE(part.ReadUntil(
+      [](const std::string& o) { return o.find("(epoch 2, step 3 of 8)") != std::string::npos; },
+      std::chrono::seconds(300)))
+      << part.output();
+  ASSERT_EQ(kill(part.pid(), SIGKILL), 0);
+  part.Wait(std::chrono::seconds(30));
+  testing::Proc rest(with({"--run-name", "part", "--resume"}));
+  ASSERT_EQ(rest.Wait(std::chrono::seconds(300)), 0) << rest.output();
+  EXPECT_NE(rest.output().find(" steps of epoch 2, step "), std::string::npos) << rest.output();
+  const std::string a = NewestCheckpoint(dir + "/full"), b = NewestCheckpoint(dir + "/part");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(ReadFile(a + "/adapter_model.safetensors") ==
+              ReadFile(b + "/adapter_model.safetensors"))
+      << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
 // Full fine-tuning has no adapters to switch off: the reference log-probs are computed from the

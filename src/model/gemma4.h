@@ -213,6 +213,8 @@ class Gemma4Engine {
 
   // log p(labels[b,t] | tokens before t) of the last Forward, into out [B*T] aligned with the
   // labels (0 where the label is -100, and at t = 0): what DPO-style objectives sum per sequence.
+  // Call it before that Forward's Backward (the whole-logits oracle turns its logits into
+  // gradients in place).
   void TargetLogProbs(float* out) const;
 
   // The softcapped logits [B*T, V] of the last Forward into `out` (for tests and tools that

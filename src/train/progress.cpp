@@ -13,24 +13,26 @@ namespace {
 
 // Progress of an epoch on rank 0: a bar redrawn in place on a terminal, or a plain line every
 // tenth of the epoch.
+// extra: more " | name value" fields after the loss (a preference objective's metrics).
 void ShowProgress(const std::string& mode, int64_t epoch, int64_t epochs, int64_t step,
-                  int64_t steps, double loss, double tokens_per_s, double elapsed) {
+                  int64_t steps, double loss, double tokens_per_s, double elapsed,
+                  const std::string& extra) {
   if (mode == "off") return;
   const double eta = step > 0 ? elapsed / step * (steps - step) : 0.0;
   const int eta_s = static_cast<int>(eta + 0.5);
   if (mode == "bar") {
     const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(1, steps));
-    std::printf("\r  epoch %lld/%lld [%s%s] %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d ",
+    std::printf("\r  epoch %lld/%lld [%s%s] %lld/%lld | loss %.4f%s | %.0f tokens/s | ETA %d:%02d ",
                 (long long)epoch, (long long)epochs, std::string(filled, '#').c_str(),
                 std::string(width - filled, '.').c_str(), (long long)step, (long long)steps, loss,
-                tokens_per_s, eta_s / 60, eta_s % 60);
-    if (step == steps) std::printf("\r%*s\r", 100, "");
+                extra.c_str(), tokens_per_s, eta_s / 60, eta_s % 60);
+    if (step == steps) std::printf("\r%*s\r", 100 + static_cast<int>(extra.size()), "");
   } else {
     const int64_t every = std::max<int64_t>(1, steps / 10);
     if (step % every != 0 || step == steps) return;
-    std::printf("  epoch %lld/%lld step %lld/%lld | loss %.4f | %.0f tokens/s | ETA %d:%02d\n",
+    std::printf("  epoch %lld/%lld step %lld/%lld | loss %.4f%s | %.0f tokens/s | ETA %d:%02d\n",
                 (long long)epoch, (long long)epochs, (long long)step, (long long)steps, loss,
-                tokens_per_s, eta_s / 60, eta_s % 60);
+                extra.c_str(), tokens_per_s, eta_s / 60, eta_s % 60);
   }
   std::fflush(stdout);
 }
@@ -118,9 +120,8 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
   // Positions computed since the epoch (or the resume) started: batches vary in shape.
   if (steps_run <= 1) epoch_tokens_ = 0;
   for (const WorkerSample& w : step.samples) epoch_tokens_ += w.tokens;
-  ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
-               state.epoch_loss_sum / state.step_in_epoch, epoch_tokens_ / elapsed_s, elapsed_s);
-  // A preference objective's metrics: their means over the epoch's steps, for the epoch line.
+  // A preference objective's metrics: their means over the epoch's steps so far, for the step
+  // lines (as the loss there) and the epoch line.
   if (steps_run <= 1) objective_sums_.clear(), objective_steps_ = 0;
   if (objective_sums_.size() != step.objective_metrics.size())
     objective_sums_.assign(step.objective_metrics.size(), {"", 0.0});
@@ -129,6 +130,13 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
     objective_sums_[i].second += step.objective_metrics[i].second;
   }
   ++objective_steps_;
+  std::string extra;
+  for (const auto& [name, sum] : objective_sums_)
+    if (name == "rewards/accuracies" || name == "rewards/margins")
+      extra += StrCat(" | ", name.substr(8), " ", FormatMetric(sum / objective_steps_));
+  ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
+               state.epoch_loss_sum / state.step_in_epoch, epoch_tokens_ / elapsed_s, elapsed_s,
+               extra);
   if (!observer_) return;
   StepMetrics sm = SummariseStep(std::move(step.samples), step.loss, lr, step.grad_norm,
                                  tokens_per_step_, trainable_parameters_);
