@@ -351,7 +351,9 @@ TEST(Preference, WorkersAndAccumulationAgreeKilledRunResumesExactly) {
                                          "--num-epochs",
                                          "2",
                                          "--save-steps",
-                                         "3"};
+                                         "3",
+                                         "--packing",
+                                         "off"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> v = base;
     v.insert(v.end(), extra.begin(), extra.end());

@@ -132,24 +132,7 @@ Status Run(const EvaluateArgs& a) {
   ST_ASSIGN_OR_RETURN(
       InstructionData data,
       LoadInstructionData(m.config, model_id, a.tokenizer, dataset, a.max_seq_len, data_dir, text));
-  if (pairs) {
-    Gemma4Engine engine(m.config, a.batch_size, row_len, forward_only);
-    FrozenWeights frozen(m.registry, *m.weights,
-                         std::vector<bool>(static_cast<size_t>(m.registry.layout.size()), true));
-    ParamTable table;
-    table.param.assign(m.registry.layout.size(), nullptr);
-    table.grad.assign(m.registry.layout.size(), nullptr);
-    frozen.Bind(&table);
-    return RunPreference(a, data, engine, table, frozen, forward_only.precision);
-  }
-  const TokenizedSet& set = data.examples;
-  // Batches of similar lengths, each padded to its longest (the loss is a sum over targets, so
-  // the order does not change it).
-  std::vector<int64_t> order(static_cast<size_t>(set.size()));
-  for (int64_t i = 0; i < set.size(); ++i) order[static_cast<size_t>(i)] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return set.length(x) > set.length(y); });
-  Gemma4Engine engine(m.config, a.batch_size, a.max_seq_len, forward_only);
+  Gemma4Engine engine(m.config, a.batch_size, row_len, forward_only);
   // Nothing is trained: every tensor is served as FrozenWeights serves frozen ones (the lookup
   // table's rows from the mapped files, each layer converted when the engine enters it).
   FrozenWeights frozen(m.registry, *m.weights,
@@ -158,6 +141,14 @@ Status Run(const EvaluateArgs& a) {
   table.param.assign(m.registry.layout.size(), nullptr);
   table.grad.assign(m.registry.layout.size(), nullptr);
   frozen.Bind(&table);
+  if (pairs) return RunPreference(a, data, engine, table, frozen, forward_only.precision);
+  const TokenizedSet& set = data.examples;
+  // Batches of similar lengths, each padded to its longest (the loss is a sum over targets, so
+  // the order does not change it).
+  std::vector<int64_t> order(static_cast<size_t>(set.size()));
+  for (int64_t i = 0; i < set.size(); ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return set.length(x) > set.length(y); });
   double loss_sum = 0;
   int64_t tokens = 0;
   // Progress on stderr, a line per tenth, when the run is long enough to need it.

@@ -12,13 +12,6 @@
 namespace st {
 namespace {
 
-double LogSigmoid(double x) {
-  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
-}
-double Sigmoid(double x) {
-  return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
-}
-
 enum class LossType { kSigmoid, kHinge, kIpo, kRobust };
 
 class Dpo final : public Objective {

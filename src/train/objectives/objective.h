@@ -6,6 +6,7 @@
 // come from tools/make_dpo_fixtures.py.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,6 +59,14 @@ class Objective {
   virtual void Compute(const PairBatch& b, const float* logp, const PairLogps* ref,
                        const ObjectiveNorm& norm, double* sums, float* weights) const = 0;
 };
+
+// Numerically stable log sigmoid(x) and sigmoid(x), shared by the objectives.
+inline double LogSigmoid(double x) {
+  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+}
+inline double Sigmoid(double x) {
+  return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
+}
 
 // "dpo" or "orpo"; InvalidArgument otherwise.
 StatusOr<std::unique_ptr<Objective>> MakeObjective(const ObjectiveOptions& o);

@@ -12,12 +12,6 @@
 namespace st {
 namespace {
 
-double LogSigmoid(double x) {
-  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
-}
-double Sigmoid(double x) {
-  return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
-}
 // log(1 - e^x) for x < 0, as TRL's log1mexp branches at -ln 2.
 double Log1mExp(double x) {
   return x < -0.6931471805599453 ? std::log1p(-std::exp(x)) : std::log(-std::expm1(x));
