@@ -412,7 +412,14 @@ TEST(Preference, PrecomputedReferenceSurvivesResume) {
   fs::remove(dir + "/part/reference_logps.safetensors");
   r = RunCommand(job + " --lr 1e-4 --num-epochs 4 --run-name part --resume");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("is missing: the reference weights are gone"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is missing (on this or another worker's host: it must be shared "
+                       "storage): the reference weights are gone"),
+            std::string::npos)
+      << r.out;
+  // A fresh start under an old run's name computes its own table (the old one is replaced).
+  r = RunCommand(job + " --lr 1e-4 --num-epochs 1 --run-name whole");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Reference log-probs of 20 pairs computed"), std::string::npos) << r.out;
 
   std::vector<std::vector<nlohmann::json>> lora;
   for (const char* extra : {"", " --precompute-ref-log-probs"}) {

@@ -616,8 +616,13 @@ CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
 Status Trainer::PrepareReference(const TrainState& state) {
   const std::string path = (fs::path(run_.dir) / "reference_logps.safetensors").string();
   const int64_t n = in_.data.pairs.size(), m = in_.eval ? in_.eval->pairs.size() : 0;
+  // A resumed run reads the table its first start stored, when every rank sees it (one
+  // all-reduce, so that all ranks take the same path: reading, or computing together); a fresh
+  // start computes it, replacing what an earlier run of the same name may have left.
   std::error_code ec;
-  if (fs::exists(path, ec)) {  // a resumed run's (every rank reads the shared run directory)
+  float have = state.global_step > 0 && fs::exists(path, ec) ? 1.0f : 0.0f;
+  ST_RETURN_IF_ERROR(pg_.AllReduce(&have, 1, DType::kF32, comm::ReduceOp::kMin, collective_));
+  if (have > 0) {
     ST_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::Open(path));
     ref_train_.resize(static_cast<size_t>(2 * n));
     Status s = f.ReadF32("train", ref_train_.data(), {n, 2});
@@ -635,9 +640,10 @@ Status Trainer::PrepareReference(const TrainState& state) {
     return Status::Ok();
   }
   if (state.global_step > 0 && (o_.lora_rank <= 0 || !o_.modules_to_save.empty()))
-    return InvalidArgument(StrCat(
-        "the run has trained ", state.global_step, " steps but ", path,
-        " is missing: the reference weights are gone; start a new run (another --run-name)"));
+    return InvalidArgument(
+        StrCat("the run has trained ", state.global_step, " steps but ", path,
+               " is missing (on this or another worker's host: it must be shared storage): the "
+               "reference weights are gone; start a new run (another --run-name)"));
   const auto t0 = Clock::now();
   ST_ASSIGN_OR_RETURN(ref_train_, PrecomputeReferenceLogps(engine_, fsdp_, in_.data.pairs,
                                                            in_.batching, pg_, collective_));
