@@ -597,9 +597,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   auto* pref = cmd->add_option_group(
       "Preference objective", "DPO and ORPO on prompt/chosen/rejected data, as TRL's DPOConfig");
   pref->add_option("--objective", o.objective,
-                   "sft (the mean token loss), dpo (needs --lora-rank: the reference is the base "
-                   "with the adapters off) or orpo (no reference); dpo/orpo read preference "
-                   "data: prompt/chosen/rejected as text or conversations, or implicit prompts")
+                   "sft (the mean token loss), dpo (with --lora-rank the reference is the base "
+                   "with the adapters off; full fine-tuning precomputes the reference's "
+                   "log-probs) or orpo (no reference); dpo/orpo read preference data: "
+                   "prompt/chosen/rejected as text or conversations, or implicit prompts")
       ->capture_default_str();
   pref->add_option("--beta", o.beta,
                    "DPO's beta (IPO's tau): how far the policy may move from the reference; "
