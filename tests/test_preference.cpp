@@ -297,6 +297,7 @@ TEST(Preference, WorkersAndAccumulationAgreeKilledRunResumesExactly) {
   const std::string job =
       Job(dir, pairs) + " --objective dpo --lora-rank 4 --lr 1e-2 --precision fp32 --packing off";
   std::vector<double> first;
+  double first_norm = 0;
   int run = 0;
   // The same global batch of 4 pairs: 1 x 4, 2 x 2, 4 x 1, and 2 workers x 2 micro-batches of 1.
   for (const std::string& shape :
@@ -307,19 +308,27 @@ TEST(Preference, WorkersAndAccumulationAgreeKilledRunResumesExactly) {
     const std::string name = "shape" + std::to_string(run++);
     const Ran r = RunCommand(job + " --num-epochs 2 " + shape + " --run-name " + name);
     ASSERT_EQ(r.code, 0) << r.out;
+    const auto steps = Records(dir + "/" + name, "step");
     const auto epochs = Records(dir + "/" + name, "epoch");
     ASSERT_EQ(epochs.size(), 2u);
+    ASSERT_FALSE(steps.empty());
+    // The first step's gradient (before any update): the same sum in another reduction order.
+    const double norm = steps[0]["grad_norm"].get<double>();
     if (first.empty()) {
       for (const auto& e : epochs) first.push_back(e["loss"].get<double>());
+      first_norm = norm;
+      ASSERT_GT(first_norm, 0.0);
       continue;
     }
-    // Same global batches, different reduction orders; AdamW turns the rounding of near-zero
-    // gradients (B starts at zero) into full-size updates, so the runs drift apart slowly (as in
-    // test_trainer's LoRA runs): within 5e-4, against the loss's fall checked below.
+    EXPECT_NEAR(norm, first_norm, 1e-4 * first_norm) << shape;
+    // Later steps drift apart: AdamW's first steps move every coordinate by about lr whatever its
+    // gradient's size, so the reduction order's rounding of near-zero LoRA gradients (B starts at
+    // zero) becomes full-size updates (as in test_trainer's LoRA runs). 1.3e-3 was measured under
+    // the sanitizers' code generation, 3e-4 at -O3, against a fall of about 1.3e-2.
     for (size_t e = 0; e < 2; ++e)
-      EXPECT_NEAR(epochs[e]["loss"].get<double>(), first[e], 5e-4) << shape;
+      EXPECT_NEAR(epochs[e]["loss"].get<double>(), first[e], 3e-3) << shape;
   }
-  EXPECT_LT(first[1], first[0] - 5e-3) << "the adapters learn";
+  EXPECT_LT(first[1], first[0] - 8e-3) << "the adapters learn";
 
   // Killed after a step checkpoint inside epoch 2 (LoRA dropout on, so the masks' seeds must
   // replay too), resumed: the same adapter as the uninterrupted run.
