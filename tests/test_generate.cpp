@@ -134,6 +134,95 @@ TEST(Decode, Bf16HeldWeightsEqualTheEngineOnTheSameValues) {
   CheckCacheAgainstRecompute(false, DType::kBF16);
 }
 
+// A batch decoder (model/decode.h's batch > 1): five sequences, two of them forked from a
+// third's prompt, stepping together (one matrix product per weight for the batch) through a
+// sliding window of 8, one of them leaving the step set early as a finished completion does.
+// Every step's logits and greedy tokens equal each sequence's decoded alone.
+void CheckBatchAgainstAlone(DType storage, Precision precision) {
+  StatusOr<Gemma4Config> pc = PresetConfig("gemma4-tiny");
+  ASSERT_TRUE(pc.ok());
+  Gemma4Config c = *pc;
+  c.sliding_window = 8;
+  const ParamRegistry reg = BuildParamRegistry(c);
+  std::vector<float> params(static_cast<size_t>(reg.layout.total()));
+  InitParams(c, reg, params.data(), 5);
+  const ArenaWeights source(reg, params.data());
+  const DecodeWeights weights(reg, source, storage);
+  const int64_t B = 5, V = c.vocab_size, steps = 18;
+  Rng rng(3);
+  std::vector<std::vector<int32_t>> seq(B);
+  for (int64_t b : {0, 1, 3})
+    for (int64_t i = 0; i < 2 + 5 * b; ++i)
+      seq[static_cast<size_t>(b)].push_back(static_cast<int32_t>(3 + rng.Below(V - 3)));
+  seq[2] = seq[1];
+  seq[4] = seq[1];
+  Gemma4Decoder batch(c, reg, weights, 64, 4, precision, B);
+  std::vector<float> logits(static_cast<size_t>(B * V));
+  for (int64_t b : {0, 1, 3})
+    ASSERT_TRUE(batch.Append(b, seq[static_cast<size_t>(b)], logits.data() + b * V).ok());
+  batch.Fork(1, 2);
+  batch.Fork(1, 4);
+  EXPECT_EQ(batch.length(4), batch.length(1));
+  // Forked sequences start from the same logits; give them different first tokens.
+  std::vector<int32_t> next(B);
+  for (int64_t b = 0; b < B; ++b)
+    next[static_cast<size_t>(b)] = static_cast<int32_t>(
+        std::max_element(logits.begin() + (b == 2 || b == 4 ? V : b * V),
+                         logits.begin() + (b == 2 || b == 4 ? 2 * V : (b + 1) * V)) -
+        (logits.begin() + (b == 2 || b == 4 ? V : b * V)));
+  next[2] = (next[1] + 7) % static_cast<int32_t>(V);
+  next[4] = (next[1] + 11) % static_cast<int32_t>(V);
+  std::vector<int64_t> active = {0, 1, 2, 3, 4};
+  std::vector<std::vector<float>> got(B);
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s == 6) active = {0, 1, 3, 4};  // sequence 2 finished
+    std::vector<int32_t> ids;
+    for (int64_t b : active) {
+      seq[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
+      ids.push_back(next[static_cast<size_t>(b)]);
+    }
+    ASSERT_TRUE(batch.Step(active, ids, logits.data()).ok());
+    for (size_t j = 0; j < active.size(); ++j) {
+      const float* l = logits.data() + static_cast<int64_t>(j) * V;
+      const int64_t b = active[j];
+      got[static_cast<size_t>(b)].assign(l, l + V);
+      next[static_cast<size_t>(b)] = static_cast<int32_t>(std::max_element(l, l + V) - l);
+    }
+    // Each sequence alone, from its first token (the decoder of batch 1 generate uses).
+    for (int64_t b : active) {
+      SCOPED_TRACE("step " + std::to_string(s) + ", sequence " + std::to_string(b));
+      Gemma4Decoder alone(c, reg, weights, 64, 4, precision);
+      std::vector<float> want(static_cast<size_t>(V));
+      ASSERT_TRUE(alone.Append(seq[static_cast<size_t>(b)], want.data()).ok());
+      // fp32: the same products in another grouping (1e-4); bf16 prompt products round the
+      // activations to bf16, as the one-sequence decoder's prompt chunks do (tolerance of
+      // bf16's 2^-8 relative on logits of magnitude ~10).
+      EXPECT_LT(MaxAbsDiff(got[static_cast<size_t>(b)], want),
+                precision == Precision::kBf16 ? 0.1 : 1e-4);
+      if (precision == Precision::kFp32) {
+        EXPECT_EQ(next[static_cast<size_t>(b)],
+                  std::max_element(want.begin(), want.end()) - want.begin());
+      }
+    }
+  }
+  EXPECT_EQ(batch.length(2), batch.length(1) - (steps - 6));
+  // A step past the capacity is refused and feeds nothing.
+  Gemma4Decoder small(c, reg, weights, 3, 4, precision, 2);
+  ASSERT_TRUE(small.Append(1, std::vector<int32_t>{5, 6, 7}, nullptr).ok());
+  const std::vector<int64_t> both = {0, 1};
+  const Status full = small.Step(both, std::vector<int32_t>{5, 6}, logits.data());
+  EXPECT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("capacity"), std::string::npos) << full.message();
+  EXPECT_EQ(small.length(0), 0);
+}
+
+TEST(Decode, BatchedStepsEqualEachSequenceAlone) {
+  CheckBatchAgainstAlone(DType::kF32, Precision::kFp32);
+}
+TEST(Decode, BatchedBf16StepsEqualEachSequenceAlone) {
+  CheckBatchAgainstAlone(DType::kBF16, Precision::kBf16);
+}
+
 TEST(Decode, RejectsIdsOutsideTheVocabulary) {
   StatusOr<Gemma4Config> c = PresetConfig("gemma4-tiny");
   ASSERT_TRUE(c.ok());

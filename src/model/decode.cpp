@@ -116,8 +116,10 @@ double DecodeFlopsPerToken(const Gemma4Config& cfg, const ParamRegistry& reg, in
   return 2.0 * n + attn;
 }
 
-double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk) {
+double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk,
+                            int64_t batch) {
   double n = 0;
+  chunk = std::min(chunk, capacity);
   int64_t widest = 0, Dmax = 0;
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     const int64_t D = cfg.HeadDim(i);
@@ -127,13 +129,15 @@ double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t c
     const int64_t slots = cfg.layer_types[i] == LayerType::kSliding
                               ? std::min(capacity, cfg.sliding_window + chunk)
                               : capacity;
-    n += 2.0 * static_cast<double>(slots * cfg.KvHeads(i) * D);
+    n += 2.0 * static_cast<double>(batch * slots * cfg.KvHeads(i) * D);
   }
+  const int64_t rows = std::max(chunk, batch);
   const int64_t H = cfg.num_attention_heads, d = cfg.hidden_size;
   const int64_t LP = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input;
   n += 2.0 * static_cast<double>(capacity) * static_cast<double>(Dmax);  // RoPE tables
-  n += static_cast<double>(chunk) *
+  n += static_cast<double>(rows) *
        static_cast<double>(3 * d + 4 * H * Dmax + 2 * widest + 3 * LP + d + H + 8);
+  if (batch > 1) n += static_cast<double>(batch * cfg.vocab_size);  // a step's logits
   n += static_cast<double>(omp_get_max_threads()) * static_cast<double>(capacity);
   n += static_cast<double>(cpu::Bf16ScratchFloats(std::max({d, H * Dmax, widest})));
   return n * sizeof(float);
@@ -141,14 +145,17 @@ double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t c
 
 Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
                              const DecodeWeights& weights, int64_t capacity, int64_t chunk,
-                             Precision precision)
+                             Precision precision, int64_t batch)
     : cfg_(cfg),
       reg_(reg),
       w_(weights),
       capacity_(capacity),
       chunk_(std::min(chunk, capacity)),
+      rows_(std::max(chunk_, batch)),
+      lengths_(static_cast<size_t>(batch), 0),
       precision_(precision) {
-  ST_CHECK(capacity >= 1 && chunk >= 1) << "decoder capacity and chunk must be positive";
+  ST_CHECK(capacity >= 1 && chunk >= 1 && batch >= 1)
+      << "decoder capacity, chunk and batch must be positive";
   const int64_t L = cfg_.num_hidden_layers, H = cfg_.num_attention_heads, d = cfg_.hidden_size;
   const int64_t P = cfg_.hidden_size_per_layer_input;
   slots_.assign(L, 0);
@@ -164,7 +171,7 @@ Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
     slots_[i] = cfg_.layer_types[i] == LayerType::kSliding
                     ? std::min(capacity_, cfg_.sliding_window + chunk_)
                     : capacity_;
-    const int64_t n = slots_[i] * cfg_.KvHeads(i) * D;
+    const int64_t n = batch * slots_[i] * cfg_.KvHeads(i) * D;
     k_off_[i] = total;
     v_off_[i] = total + n;
     total += 2 * n;
@@ -174,7 +181,7 @@ Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
   cache_ = AlignedBuffer(std::max<int64_t>(total, 1));
   if (Ds) RopeTable(cfg_.rope_sliding, Ds, capacity_, &cos_s_, &sin_s_);
   if (Df) RopeTable(cfg_.rope_full, Df, capacity_, &cos_f_, &sin_f_);
-  const size_t c = static_cast<size_t>(chunk_);
+  const size_t c = static_cast<size_t>(rows_);
   x_.resize(c * d);
   h_.resize(c * d);
   a_.resize(c * std::max(d, H * Dmax));
@@ -196,31 +203,87 @@ Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
   if (precision_ == Precision::kBf16 && w_.storage() == DType::kBF16)
     x16_.resize(c * static_cast<size_t>(std::max({d, H * Dmax, widest, L * P})));
   pos_.resize(c);
+  seq_.resize(c);
 }
 
-Status Gemma4Decoder::Append(std::span<const int32_t> ids, float* logits) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  if (n == 0) return InvalidArgument("nothing to feed: no token ids");
-  if (length_ + n > capacity_)
-    return ResourceExhausted(StrCat("the sequence would hold ", length_ + n,
+float* Gemma4Decoder::Keys(int64_t i, int64_t b) {
+  const int64_t src = cfg_.KvSourceLayer(i);
+  return cache_.data() + k_off_[src] + b * slots_[src] * cfg_.KvHeads(src) * cfg_.HeadDim(src);
+}
+
+float* Gemma4Decoder::Values(int64_t i, int64_t b) {
+  const int64_t src = cfg_.KvSourceLayer(i);
+  return cache_.data() + v_off_[src] + b * slots_[src] * cfg_.KvHeads(src) * cfg_.HeadDim(src);
+}
+
+Status Gemma4Decoder::Check(int64_t seq, int64_t n, std::span<const int32_t> ids) const {
+  ST_CHECK(seq >= 0 && seq < batch()) << "sequence " << seq << " of a decoder of " << batch();
+  const int64_t length = lengths_[static_cast<size_t>(seq)];
+  if (length + n > capacity_)
+    return ResourceExhausted(StrCat("the sequence would hold ", length + n,
                                     " tokens, more than the decoder's capacity of ", capacity_,
                                     "; raise --max-seq-len or start a new conversation"));
   for (int32_t id : ids)
     if (id < 0 || id >= cfg_.vocab_size)
       return InvalidArgument(
           StrCat("token id ", id, " is outside the model's vocabulary of ", cfg_.vocab_size));
+  return Status::Ok();
+}
+
+void Gemma4Decoder::Fork(int64_t from, int64_t to) {
+  ST_CHECK(from >= 0 && from < batch() && to >= 0 && to < batch()) << "Fork out of range";
+  if (from == to) return;
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
+    if (cfg_.IsKvShared(i)) continue;
+    const size_t bytes =
+        static_cast<size_t>(slots_[i] * cfg_.KvHeads(i) * cfg_.HeadDim(i)) * sizeof(float);
+    std::memcpy(Keys(i, to), Keys(i, from), bytes);
+    std::memcpy(Values(i, to), Values(i, from), bytes);
+  }
+  lengths_[static_cast<size_t>(to)] = lengths_[static_cast<size_t>(from)];
+}
+
+Status Gemma4Decoder::Append(int64_t seq, std::span<const int32_t> ids, float* logits) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n == 0) return InvalidArgument("nothing to feed: no token ids");
+  ST_RETURN_IF_ERROR(Check(seq, n, ids));
+  int64_t& length = lengths_[static_cast<size_t>(seq)];
   for (int64_t s = 0; s < n; s += chunk_) {
     const int64_t m = std::min(chunk_, n - s);
-    Chunk(ids.data() + s, m, s + m == n ? logits : nullptr);
+    for (int64_t t = 0; t < m; ++t) {
+      pos_[static_cast<size_t>(t)] = static_cast<int32_t>(length + t);
+      seq_[static_cast<size_t>(t)] = seq;
+    }
+    Rows(ids.data() + s, m, s + m == n ? logits : nullptr, false);
+    length += m;
   }
   return Status::Ok();
 }
 
-void Gemma4Decoder::Chunk(const int32_t* ids, int64_t n, float* logits) {
+Status Gemma4Decoder::Step(std::span<const int64_t> seqs, std::span<const int32_t> ids,
+                           float* logits) {
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  ST_CHECK(n == static_cast<int64_t>(ids.size()) && n <= batch()) << "Step: " << n << " tokens";
+  if (n == 0) return Status::Ok();
+  for (int64_t j = 0; j < n; ++j) {
+    ST_RETURN_IF_ERROR(Check(seqs[static_cast<size_t>(j)], 1, ids.subspan(static_cast<size_t>(j), 1)));
+    for (int64_t k = 0; k < j; ++k)
+      ST_CHECK(seqs[static_cast<size_t>(k)] != seqs[static_cast<size_t>(j)])
+          << "Step: sequence " << seqs[static_cast<size_t>(j)] << " twice";
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    seq_[static_cast<size_t>(j)] = seqs[static_cast<size_t>(j)];
+    pos_[static_cast<size_t>(j)] = static_cast<int32_t>(length(seqs[static_cast<size_t>(j)]));
+  }
+  Rows(ids.data(), n, logits, true);
+  for (int64_t b : seqs) ++lengths_[static_cast<size_t>(b)];
+  return Status::Ok();
+}
+
+void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_logits) {
   const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(length_ + t);
   const float sd = std::sqrt(static_cast<float>(d));
   if (const float* e = w_.f32(reg_.embed_tokens)) {
     cpu::EmbeddingForward(ids, e, x_.data(), n, d, sd);
@@ -247,11 +310,11 @@ void Gemma4Decoder::Chunk(const int32_t* ids, int64_t n, float* logits) {
           ple_[(l * n + t) * P + p] = (proj[(t * L + l) * P + p] + tk[(t * L + l) * P + p]) * s;
   }
   for (int64_t i = 0; i < L; ++i) Layer(i, n);
-  length_ += n;
   if (logits == nullptr) return;
-  float* last = h_.data();
-  cpu::RmsNormForward(x_.data() + (n - 1) * d, w_.f32(reg_.norm), last, rstd_.data(), 1, d, eps);
-  Head(last, logits);
+  const int64_t first = all_logits ? 0 : n - 1, m = n - first;
+  cpu::RmsNormForward(x_.data() + first * d, w_.f32(reg_.norm), h_.data(), rstd_.data(), m, d,
+                      eps);
+  Head(h_.data(), logits, m);
 }
 
 void Gemma4Decoder::Layer(int64_t i, int64_t n) {
@@ -282,9 +345,10 @@ void Gemma4Decoder::Layer(int64_t i, int64_t n) {
     cpu::RmsNormForward(v, nullptr, v, rstd, n * Hkv, D, eps);
     const size_t row = static_cast<size_t>(Hkv * D);
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t slot = (length_ + t) % slots_[i];
-      std::memcpy(cache_.data() + k_off_[i] + slot * Hkv * D, k + t * Hkv * D, row * sizeof(float));
-      std::memcpy(cache_.data() + v_off_[i] + slot * Hkv * D, v + t * Hkv * D, row * sizeof(float));
+      const int64_t slot = pos_[static_cast<size_t>(t)] % slots_[i];
+      const int64_t b = seq_[static_cast<size_t>(t)];
+      std::memcpy(Keys(i, b) + slot * Hkv * D, k + t * Hkv * D, row * sizeof(float));
+      std::memcpy(Values(i, b) + slot * Hkv * D, v + t * Hkv * D, row * sizeof(float));
     }
   }
   Attend(i, q_.data(), o_.data(), n);
@@ -316,14 +380,13 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
   const int64_t H = cfg_.num_attention_heads, D = cfg_.HeadDim(i), Hkv = cfg_.KvHeads(i);
   const int64_t group = H / Hkv, slots = slots_[src];
   const int64_t window = cfg_.layer_types[i] == LayerType::kSliding ? cfg_.sliding_window : 0;
-  const float* K = cache_.data() + k_off_[src];
-  const float* V = cache_.data() + v_off_[src];
-  const int64_t base = length_;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (n * H > 1)
   for (int64_t t = 0; t < n; ++t)
     for (int64_t hh = 0; hh < H; ++hh) {
       float* s = scores_.data() + static_cast<size_t>(omp_get_thread_num()) * capacity_;
-      const int64_t p = base + t;
+      const int64_t p = pos_[static_cast<size_t>(t)], b = seq_[static_cast<size_t>(t)];
+      const float* K = Keys(i, b);
+      const float* V = Values(i, b);
       const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
       const float* qr = q + (t * H + hh) * D;
       const int64_t kvh = hh / group;
@@ -373,9 +436,10 @@ void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t i
   if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
 }
 
-void Gemma4Decoder::Head(const float* h, float* logits) {
-  Linear(reg_.embed_tokens, h, logits, 1, cfg_.hidden_size, cfg_.vocab_size);
-  cpu::SoftcapForward(logits, cfg_.vocab_size, static_cast<float>(cfg_.final_logit_softcapping));
+void Gemma4Decoder::Head(const float* h, float* logits, int64_t n) {
+  Linear(reg_.embed_tokens, h, logits, n, cfg_.hidden_size, cfg_.vocab_size);
+  cpu::SoftcapForward(logits, n * cfg_.vocab_size,
+                      static_cast<float>(cfg_.final_logit_softcapping));
 }
 
 }  // namespace st

@@ -13,10 +13,15 @@
 //   earlier layer of its kind.
 // Positions count from 0 at the first token fed after Reset(); RoPE uses them directly.
 //
-// Batch size 1 (one conversation): decoding one token reads every weight once, so the speed is
-// the memory bandwidth's; a prompt is fed in chunks of up to `chunk` tokens as matrix products.
+// One sequence (a conversation): decoding one token reads every weight once, so the speed is the
+// memory bandwidth's; a prompt is fed in chunks of up to `chunk` tokens as matrix products.
+// Several sequences (`batch`, online RL's rollouts): each has its own cache and length; Step
+// feeds one new token of each of a set of them as one matrix product per weight (the weights are
+// read once for the whole set), and Fork copies a prompt's cache to the sequences that continue
+// it, so a group of completions of one prompt computes the prompt once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -79,30 +84,52 @@ class Gemma4Decoder {
   // precision: of the prompt's matrix products (chunks of several tokens); bf16 rounds the
   // activations to bf16 and multiplies bf16 weights as stored (oneDNN, no widening). One-token
   // steps read each weight once and stay the matrix-vector kernel in either precision.
+  // batch: the sequences the decoder holds (each `capacity` tokens at most).
   Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg, const DecodeWeights& weights,
-                int64_t capacity, int64_t chunk = 128, Precision precision = Precision::kFp32);
+                int64_t capacity, int64_t chunk = 128, Precision precision = Precision::kFp32,
+                int64_t batch = 1);
 
-  // Forgets every token (a new sequence).
-  void Reset() { length_ = 0; }
-  // Tokens in the cache.
-  int64_t length() const { return length_; }
+  // Forgets every token of every sequence (new sequences).
+  void Reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+  // Forgets sequence `seq`'s tokens.
+  void Reset(int64_t seq) { lengths_[static_cast<size_t>(seq)] = 0; }
+  // Tokens in the cache (of sequence 0; of `seq`).
+  int64_t length() const { return lengths_[0]; }
+  int64_t length(int64_t seq) const { return lengths_[static_cast<size_t>(seq)]; }
   int64_t capacity() const { return capacity_; }
+  int64_t batch() const { return static_cast<int64_t>(lengths_.size()); }
   const Gemma4Config& config() const { return cfg_; }
 
-  // Feeds `ids` after the cached tokens and, when logits is not null, writes the softcapped
-  // logits [V] that follow the last of them. ResourceExhausted when the sequence would exceed the
-  // capacity (nothing is fed then); InvalidArgument for an id outside the vocabulary.
-  Status Append(std::span<const int32_t> ids, float* logits);
+  // Feeds `ids` after sequence 0's (or `seq`'s) cached tokens and, when logits is not null,
+  // writes the softcapped logits [V] that follow the last of them. ResourceExhausted when the
+  // sequence would exceed the capacity (nothing is fed then); InvalidArgument for an id outside
+  // the vocabulary.
+  Status Append(std::span<const int32_t> ids, float* logits) { return Append(0, ids, logits); }
+  Status Append(int64_t seq, std::span<const int32_t> ids, float* logits);
+  // Feeds ids[j] after sequence seqs[j]'s tokens, for every j at once (distinct sequences, at
+  // most `batch`), and writes the logits that follow each into logits [seqs.size(), V]. Errors
+  // as Append's (nothing is fed then).
+  Status Step(std::span<const int64_t> seqs, std::span<const int32_t> ids, float* logits);
+  // Sequence `to` becomes a copy of sequence `from` (its cache and length).
+  void Fork(int64_t from, int64_t to);
 
-  // Bytes of the cache and scratch for (cfg, capacity, chunk).
-  static double Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk = 128);
+  // Bytes of the cache and scratch for (cfg, capacity, chunk, batch).
+  static double Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk = 128,
+                      int64_t batch = 1);
 
  private:
-  void Chunk(const int32_t* ids, int64_t n, float* logits);
+  Status Check(int64_t seq, int64_t n, std::span<const int32_t> ids) const;
+  // Computes the n rows set in seq_/pos_ (their tokens `ids`) through every layer; writes the
+  // logits after the last row (all_logits false) or after every row ([n, V]) when logits is set.
+  void Rows(const int32_t* ids, int64_t n, float* logits, bool all_logits);
   void Layer(int64_t i, int64_t n);
-  // The n new queries [n, H, D] of layer i against its cache (window and causality), into o.
+  // The n new queries [n, H, D] of layer i against their sequences' caches (window and
+  // causality), into o.
   void Attend(int64_t i, const float* q, float* o, int64_t n);
-  void Head(const float* h, float* logits);
+  // Layer i's keys (values) of sequence b: [slots, Hkv, D].
+  float* Keys(int64_t i, int64_t b);
+  float* Values(int64_t i, int64_t b);
+  void Head(const float* h, float* logits, int64_t n);
   // y [n, out] = alpha * x [n, in] W_e^T, in the weights' storage.
   void Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
               float alpha = 1.0f);
@@ -110,21 +137,23 @@ class Gemma4Decoder {
   Gemma4Config cfg_;
   const ParamRegistry& reg_;
   const DecodeWeights& w_;
-  int64_t capacity_, chunk_, length_ = 0;
+  int64_t capacity_, chunk_, rows_;  // rows_: the most rows one pass computes (chunk, batch)
+  std::vector<int64_t> lengths_;      // per sequence
   // Per layer: ring slots of its cache (its own, or its source's for a shared layer) and where
-  // the layer's K and V live in cache_ ([slots, Hkv, D] each); -1 for a shared layer.
+  // the layer's K and V live in cache_ ([batch, slots, Hkv, D] each); -1 for a shared layer.
   std::vector<int64_t> slots_, k_off_, v_off_;
   AlignedBuffer cache_;
   // RoPE tables [capacity, D/2] per layer kind.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
-  // Scratch for one chunk of n <= chunk_ tokens.
+  // Scratch for one pass of n <= rows_ tokens.
   std::vector<float> x_, h_, q_, k_, v_, o_, a_, gate_, up_, pg_, rstd_;
   std::vector<float> ple_, proj_, ple_tok_;  // per-layer inputs [L, n, P]; [n, L*P] twice
   std::vector<float> scores_;                // [threads, capacity] attention scores
   std::vector<float> widen_;                 // [kBf16Rows, widest input] bf16 rows widened
   Precision precision_;
-  std::vector<uint16_t> x16_;  // bf16 prefill: a chunk's input rounded [n, widest input]
-  std::vector<int32_t> pos_;
+  std::vector<uint16_t> x16_;  // bf16 prefill: a pass's input rounded [n, widest input]
+  std::vector<int32_t> pos_;   // per row of a pass: its position and its sequence
+  std::vector<int64_t> seq_;
 };
 
 }  // namespace st
