@@ -125,6 +125,8 @@ const char* LayoutName(DatasetLayout layout) {
       return "conversation (role/content or from/value turns)";
     case DatasetLayout::kPreference:
       return "preference (prompt, chosen, rejected)";
+    case DatasetLayout::kPrompt:
+      return "prompt-only (prompt and the rewards' columns)";
     case DatasetLayout::kDetect:
       break;
   }
@@ -275,8 +277,14 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
     return InvalidArgument(
         "preference data is read from its prompt/chosen/rejected columns: drop "
         "--instruction-field, --context-field, --response-field and --messages-field");
+  if (options.prompts && (custom || !options.messages_field.empty()))
+    return InvalidArgument(
+        "prompt-only data is read from its 'prompt' column: drop --instruction-field, "
+        "--context-field, --response-field and --messages-field");
   auto detect = [&](const std::function<bool(const char*)>& has) {
-    if (has("chosen") && has("rejected"))
+    if (options.prompts && has("prompt") && !(has("chosen") && has("rejected")))
+      ds.layout_ = DatasetLayout::kPrompt;
+    else if (has("chosen") && has("rejected"))
       ds.layout_ = DatasetLayout::kPreference;
     else if (has("instruction") && has("response"))
       ds.layout_ = DatasetLayout::kDolly;
@@ -330,6 +338,12 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
                ": a preference objective needs preference data: 'chosen' and 'rejected' "
                "columns (and 'prompt' unless it is implicit), as TRL's DPOTrainer reads them",
                seen.empty() ? "" : " (columns: " + seen + ")"));
+  if (options.prompts && ds.layout_ != DatasetLayout::kPrompt)
+    return InvalidArgument(
+        StrCat(first.path(),
+               ": online RL (--objective grpo) needs prompt-only data: a 'prompt' column (text "
+               "or a conversation) and the columns the rewards read, as TRL's GRPOTrainer takes",
+               seen.empty() ? "" : " (columns: " + seen + ")"));
   if (!options.preference && ds.layout_ == DatasetLayout::kPreference)
     return InvalidArgument(StrCat(first.path(),
                                   ": this is preference data (chosen, rejected): train on it with "
@@ -339,7 +353,9 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
   } else if (ds.layout_ == DatasetLayout::kAlpaca) {
     ds.f_instruction_ = "instruction", ds.f_context_ = "input", ds.f_response_ = "output";
   }
-  if (ds.layout_ == DatasetLayout::kConversation) {
+  if (ds.layout_ == DatasetLayout::kPrompt) {
+    ds.columns_.clear();  // every column: the rewards may read any
+  } else if (ds.layout_ == DatasetLayout::kConversation) {
     ds.columns_ = {ds.f_messages_};
   } else if (ds.layout_ == DatasetLayout::kPreference) {
     ds.columns_ = {"chosen", "rejected"};
@@ -520,6 +536,23 @@ bool InstructionDataset::ToRecord(const Row& row, InstructionRecord* r, std::str
   r->line = row.position;
   r->messages.clear();
   if (layout_ == DatasetLayout::kPreference) return ToPreference(rec, r, why);
+  if (layout_ == DatasetLayout::kPrompt) {
+    auto it = rec.find("prompt");
+    if (it == rec.end() || it->is_null()) return *why = "no 'prompt'", false;
+    r->prompt.clear(), r->prompt_turns.clear();
+    r->conversational = it->is_array();
+    if (r->conversational) {
+      if (!ParseTurns(*it, "prompt", &r->prompt_turns, why)) return false;
+      if (r->prompt_turns.empty()) return *why = "an empty 'prompt' conversation", false;
+    } else if (it->is_string()) {
+      r->prompt = it->get<std::string>();
+      if (r->prompt.empty()) return *why = "an empty 'prompt'", false;
+    } else {
+      return *why = "'prompt' is neither text nor a conversation", false;
+    }
+    r->columns = std::move(rec);  // the prompt included: a reward sees the row as it is
+    return true;
+  }
   if (layout_ == DatasetLayout::kConversation) {
     r->instruction.clear(), r->context.clear(), r->response.clear();
     auto it = rec.find(f_messages_);

@@ -67,9 +67,12 @@ struct InstructionRecord {
   bool conversational = false;
   std::string prompt, chosen, rejected;
   std::vector<ChatMessage> prompt_turns, chosen_turns, rejected_turns;
+  // A prompt-only record (DatasetLayout::kPrompt, online RL): `prompt` or `prompt_turns` (with
+  // `conversational`), and every other column of the row as it was read (what a reward sees).
+  nlohmann::json columns;
 };
 
-enum class DatasetLayout { kDetect, kDolly, kAlpaca, kCustom, kConversation, kPreference };
+enum class DatasetLayout { kDetect, kDolly, kAlpaca, kCustom, kConversation, kPreference, kPrompt };
 
 struct DatasetOptions {
   // A data file (.jsonl, .json, .csv, .tsv, .parquet), a glob of data files, or a directory
@@ -87,6 +90,9 @@ struct DatasetOptions {
   // Preference data (`chosen` and `rejected`, with or without `prompt`) for DPO and ORPO; false:
   // instruction data, and a preference set is refused with the flag that reads it.
   bool preference = false;
+  // Prompt-only data (a `prompt` column, text or conversation, TRL's GRPOTrainer layout) for
+  // online RL; every column is kept for the rewards.
+  bool prompts = false;
 };
 
 // What reading a split found. Skipped records are listed (up to kMaxListed) with their reasons.

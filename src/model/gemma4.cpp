@@ -599,17 +599,18 @@ void Gemma4Engine::HeadRowsLse(const float* y, int64_t r0, int64_t rows, int64_t
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = y + r * c;
     const int64_t n = r0 + r;
+    const float it = inv_temperature_;  // 1 unless an objective samples at a temperature
     float bm = -INFINITY;
 #pragma omp simd reduction(max : bm)
-    for (int64_t j = 0; j < c; ++j) bm = std::max(bm, z[j]);
+    for (int64_t j = 0; j < c; ++j) bm = std::max(bm, z[j] * it);
     const float m = std::max(mx[n], bm);
     float s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < c; ++j) s += cpu::FastExp(z[j] - m);
+    for (int64_t j = 0; j < c; ++j) s += cpu::FastExp(z[j] * it - m);
     sum[n] = sum[n] * cpu::FastExp(mx[n] - m) + s;
     mx[n] = m;
     const int64_t target = targets_[rows_[n]];
-    if (target >= v0 && target < v0 + c) zt[n] = z[target - v0];
+    if (target >= v0 && target < v0 + c) zt[n] = z[target - v0] * it;
   }
 }
 
@@ -624,12 +625,14 @@ void Gemma4Engine::HeadRowsGrad(float* y, int64_t r0, int64_t rows, int64_t v0, 
     const float l = lse[r0 + r];
     const int64_t target = targets_[rows_[r0 + r]] - v0;
     const bool here = target >= 0 && target < c;
-    const float scale = row_w ? row_scale * row_w[r0 + r] : row_scale;
+    // With a temperature t the loss is over z / t: its gradient gains a factor 1 / t.
+    const float it = inv_temperature_;
+    const float scale = (row_w ? row_scale * row_w[r0 + r] : row_scale) * it;
     const float zt = here ? z[target] : 0.0f;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) {
       const float u = z[j] * inv_cap;
-      z[j] = cpu::FastExp(z[j] - l) * scale * (1.0f - u * u);
+      z[j] = cpu::FastExp(z[j] * it - l) * scale * (1.0f - u * u);
     }
     if (here) {
       const float u = zt * inv_cap;
@@ -646,6 +649,7 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
   if (options_.whole_logits || backend_ == Backend::kRef) {
     // The oracle: every row's whole [V] logits, then the plain cross-entropy (tests compare the
     // tiled path with this one).
+    ST_CHECK(inv_temperature_ == 1.0f) << "a logit temperature needs the tiled head";
     whole_logits_.resize(static_cast<size_t>(last_N_ * cfg_.vocab_size));
     ComputeLogits(t, whole_logits_.data());
     int64_t valid = 0;

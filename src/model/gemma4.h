@@ -195,6 +195,10 @@ class Gemma4Engine {
   // disable_adapter: DPO's reference model without a second copy). On by default.
   void SetAdapters(bool on) { adapters_on_ = on; }
   bool adapters_on() const { return adapters_on_; }
+  // The loss, its gradient and TargetLogProbs over the softcapped logits divided by
+  // `temperature` (TRL's GRPO computes the policy's log-probs at the sampling temperature); 1 by
+  // default. Only the tiled head (not the whole-logits oracle) applies it.
+  void SetLogitTemperature(float temperature) { inv_temperature_ = 1.0f / temperature; }
 
   // Runs the model up to the final norm and, with labels, the loss (the head in tiles: no logits
   // are kept). Only a training engine can run Backward after it.
@@ -285,6 +289,7 @@ class Gemma4Engine {
   uint64_t dropout_seed_ = 0;
   bool dropout_on_ = true;
   bool adapters_on_ = true;
+  float inv_temperature_ = 1.0f;
   std::vector<float> row_w_;  // [rows_] the batch's loss weights per compacted row
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;
