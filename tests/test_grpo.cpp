@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "model/decode.h"
 #include "model/gemma4.h"
 #include "model/weights.h"
@@ -212,6 +213,97 @@ TEST(Rollout, SampledGroupsFollowTheSeed) {
   }
   EXPECT_LT(same_in_group, 6);
   EXPECT_LT(same_other_seed, 8);
+}
+
+std::vector<nlohmann::json> Records(const std::string& run, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("type", "") == type) out.push_back(j);
+  }
+  return out;
+}
+
+// 32 text prompts with an "answer" column (what a reward may read).
+std::string WritePrompts(const std::string& dir) {
+  const std::string path = dir + "/prompts.jsonl";
+  std::ofstream f(path);
+  const char* words[] = {"one", "two", "three", "four", "five", "six", "seven", "eight"};
+  for (int i = 0; i < 32; ++i) {
+    nlohmann::json j;
+    j["prompt"] = std::string("Count: ") + words[i % 8] + " " + words[(i * 3) % 8] + " " +
+                  words[(i * 5 + 1) % 8];
+    j["answer"] = std::to_string(i);
+    f << j.dump() << "\n";
+  }
+  return path;
+}
+
+// A reward program in /bin/sh (no interpreter needed; it answers each line at once): the share
+// of the completion's token ids below 1000, which a random model's sampling can be taught.
+std::string WriteReward(const std::string& dir) {
+  const std::string path = dir + "/reward.sh";
+  std::ofstream f(path);
+  f << "#!/bin/sh\n"
+       "while IFS= read -r line; do\n"
+       "  ids=${line#*\\\"completion_ids\\\":\\[}; ids=${ids%%]*}; n=0; c=0\n"
+       "  IFS=,; for i in $ids; do n=$((n + 1)); [ \"$i\" -lt 1000 ] && c=$((c + 1)); done; unset IFS\n"
+       "  echo \"$c $n\" | awk '{ printf \"%.6f\\n\", $1 / $2 }'\n"
+       "done\n";
+  f.close();
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+std::string Job(const std::string& dir, int batch = 8) {
+  return std::string(ST_BINARY) + " finetune --data-dir " ST_SOURCE_DIR "/data --dataset " +
+         WritePrompts(dir) + " --objective grpo --num-generations 4 --batch-size-per-device " +
+         std::to_string(batch) + " " +
+         "--max-completion-length 12 --max-seq-len 32 --storage-path " + dir +
+         " --no-dashboard --progress lines";
+}
+
+// The issue's "done when": a learnable reward's mean rises over a short run on two workers, and
+// the step records carry TRL's metric names.
+TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
+  const std::string dir = test::TempDir("grpo");
+  ASSERT_FALSE(dir.empty());
+  const test::Ran r = test::RunCommand(Job(dir) + " --reward-command " + WriteReward(dir) +
+                                       " --lr 1e-2 --num-epochs 4 --topology 2 --run-name learn");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Starting slicetrain FSDP GRPO job"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Objective: grpo (dapo, beta 0, 4 completions"), std::string::npos) << r.out;
+  const auto steps = Records(dir + "/learn", "step");
+  ASSERT_EQ(steps.size(), 32u);  // 32 prompts, 2 a micro-batch on each of 2 workers, 4 epochs
+  for (const char* k : {"reward", "reward_std", "frac_reward_zero_std", "rewards/reward.sh/mean",
+                        "completions/mean_length", "completions/clipped_ratio",
+                        "clip_ratio/region_mean"})
+    EXPECT_TRUE(steps[0].contains(k)) << k << " in " << steps[0].dump();
+  double first = 0, last = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    first += steps[i]["reward"].get<double>() / 4;
+    last += steps[steps.size() - 1 - i]["reward"].get<double>() / 4;
+  }
+  EXPECT_GT(last, first + 0.3) << "mean reward of the first 4 steps " << first << ", last 4 " << last;
+}
+
+// A reward program that writes something that is not a number stops the run with one line
+// naming it; so does a flag combination GRPO cannot run.
+TEST(Grpo, BadRewardsAndFlagsAreOneLine) {
+  const std::string dir = test::TempDir("grpo_bad");
+  ASSERT_FALSE(dir.empty());
+  test::Ran r = test::RunCommand(Job(dir) + " --reward-command 'echo oops; cat >/dev/null' "
+                                            "--num-epochs 1 --topology 1 --run-name bad");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("not a number"), std::string::npos) << r.out;
+  r = test::RunCommand(Job(dir) + " --num-epochs 1 --topology 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("needs a reward"), std::string::npos) << r.out;
+  r = test::RunCommand(Job(dir, 6) + " --reward exact:answer");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("not a multiple of --num-generations"), std::string::npos) << r.out;
 }
 
 }  // namespace

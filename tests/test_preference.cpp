@@ -513,7 +513,7 @@ TEST(Preference, BadRecordsAreSkippedAndCountedBadFlagsRefused) {
            {" --objective dpo --lora-rank 4 --loss-type square", "--loss-type must be sigmoid"},
            {" --objective dpo --lora-rank 4 --label-smoothing 0.1",
             "--label-smoothing applies to --loss-type robust"},
-           {" --objective kto", "--objective must be sft, dpo or orpo"}}) {
+           {" --objective kto", "--objective must be sft, dpo, orpo or grpo"}}) {
     r = RunCommand(job + flags);
     EXPECT_NE(r.code, 0) << flags;
     EXPECT_NE(r.out.find(says), std::string::npos) << flags << "\n" << r.out;

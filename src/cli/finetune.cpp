@@ -185,6 +185,16 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   if (o.resume) cmd.push_back("--resume");
   if (o.use_rslora) cmd.push_back("--use-rslora");
   if (o.precompute_ref_log_probs) cmd.push_back("--precompute-ref-log-probs");
+  cmd.insert(cmd.end(), {"--num-generations", s(o.num_generations), "--max-completion-length",
+                         s(o.max_completion_length), "--temperature", Num(o.temperature),
+                         "--top-p", Num(o.top_p), "--top-k", s(o.top_k), "--epsilon",
+                         Num(o.epsilon), "--epsilon-high", Num(o.epsilon_high), "--scale-rewards",
+                         o.scale_rewards, "--num-iterations", s(o.num_iterations),
+                         "--reward-timeout", Num(o.reward_timeout)});
+  if (o.mask_truncated_completions) cmd.push_back("--mask-truncated-completions");
+  for (const std::string& r : o.rewards) cmd.insert(cmd.end(), {"--reward", r});
+  for (const std::string& r : o.reward_commands) cmd.insert(cmd.end(), {"--reward-command", r});
+  for (double w : o.reward_weights) cmd.insert(cmd.end(), {"--reward-weights", Num(w)});
   cmd.push_back("--packing=" + o.packing);
   if (o.group_by_length) cmd.push_back("--group-by-length");
   if (o.sync_each_batch) cmd.push_back("--sync-each-batch");
@@ -443,6 +453,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
         "num_workers=%d\n",
         a.o.objective == "dpo"    ? "DPO"
         : a.o.objective == "orpo" ? "ORPO"
+        : a.o.objective == "grpo" ? "GRPO"
                                   : "SFT",
         a.o.model_id.c_str(), topo.shape.c_str(), topo.accelerator_type.c_str(), topo.world_size());
     std::fflush(stdout);
@@ -599,21 +610,69 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   pref->add_option("--objective", o.objective,
                    "sft (the mean token loss), dpo (with --lora-rank the reference is the base "
                    "with the adapters off; full fine-tuning precomputes the reference's "
-                   "log-probs) or orpo (no reference); dpo/orpo read preference data: "
-                   "prompt/chosen/rejected as text or conversations, or implicit prompts")
+                   "log-probs), orpo (no reference) or grpo (online RL from rewards); dpo/orpo "
+                   "read preference data: prompt/chosen/rejected as text or conversations, or "
+                   "implicit prompts; grpo reads prompt-only data")
       ->capture_default_str();
   pref->add_option("--beta", o.beta,
                    "DPO's beta (IPO's tau): how far the policy may move from the reference; "
-                   "ORPO's lambda: the weight of the odds-ratio term")
-      ->capture_default_str();
-  pref->add_option("--loss-type", o.loss_type, "DPO's loss: sigmoid, hinge, ipo or robust")
-      ->capture_default_str();
+                   "ORPO's lambda: the weight of the odds-ratio term; GRPO's KL coefficient "
+                   "(default 0.1 for DPO and ORPO, 0 for GRPO, as TRL)");
+  pref->add_option("--loss-type", o.loss_type,
+                   "DPO's loss: sigmoid (default), hinge, ipo or robust; GRPO's: dapo (default), "
+                   "grpo, bnpo or dr_grpo");
   pref->add_flag("--precompute-ref-log-probs", o.precompute_ref_log_probs,
                  "DPO: the reference's log-probs of every pair computed once before training and "
                  "stored with the run (always so for full fine-tuning, which keeps no second "
                  "model), instead of a reference forward every step");
   pref->add_option("--label-smoothing", o.label_smoothing,
                    "robust DPO: the probability that a pair's preference is flipped, in [0, 0.5)")
+      ->capture_default_str();
+  auto* grpo = cmd->add_option_group(
+      "Online RL (--objective grpo)",
+      "GRPO on prompt-only data, as TRL's GRPOConfig: completions sampled from the policy, "
+      "scored by reward functions, trained on their group advantages");
+  grpo->add_option("--num-generations", o.num_generations,
+                   "Completions per prompt (G); --batch-size-per-device counts completions and "
+                   "must be a multiple of it")
+      ->capture_default_str();
+  grpo->add_option("--max-completion-length", o.max_completion_length,
+                   "The most tokens a completion may have (longer ones are cut and counted in "
+                   "completions/clipped_ratio); --max-seq-len bounds the prompts")
+      ->capture_default_str();
+  grpo->add_option("--temperature", o.temperature, "Sampling temperature (> 0)")
+      ->capture_default_str();
+  grpo->add_option("--top-p", o.top_p, "Nucleus sampling (1 = off)")->capture_default_str();
+  grpo->add_option("--top-k", o.top_k, "Top-k sampling (0 = off)")->capture_default_str();
+  grpo->add_option("--epsilon", o.epsilon,
+                   "Clipping: the probability ratio to the round's policy within "
+                   "[1 - epsilon, 1 + epsilon-high]")
+      ->capture_default_str();
+  grpo->add_option("--epsilon-high", o.epsilon_high,
+                   "The upper clipping bound (DAPO's clip-higher); default --epsilon");
+  grpo->add_option("--scale-rewards", o.scale_rewards,
+                   "Advantages divided by the std of the group's rewards (group), of the whole "
+                   "batch's (batch), or not (none)")
+      ->capture_default_str();
+  grpo->add_option("--num-iterations", o.num_iterations,
+                   "Optimizer steps per generation round (TRL's num_iterations, mu)")
+      ->capture_default_str();
+  grpo->add_flag("--mask-truncated-completions", o.mask_truncated_completions,
+                 "Leave completions cut at --max-completion-length out of the loss");
+  grpo->add_option("--reward", o.rewards,
+                   "A built-in reward (repeatable): exact:COLUMN (1 when the completion equals "
+                   "the row's COLUMN), numeric:COLUMN (its last number equals COLUMN's), "
+                   "regex:PATTERN (the whole completion matches), overlong:MAX:CACHE (TRL's soft "
+                   "overlong punishment)");
+  grpo->add_option("--reward-command", o.reward_commands,
+                   "A reward program (repeatable), started once per worker by /bin/sh: one JSON "
+                   "object per line on stdin (prompt, completion, completion_ids and the row's "
+                   "other columns), one number per line on stdout (null: no reward)");
+  grpo->add_option("--reward-weights", o.reward_weights,
+                   "One weight per reward function: the --reward ones first, then the "
+                   "--reward-command ones (default 1 each)");
+  grpo->add_option("--reward-timeout", o.reward_timeout,
+                   "Seconds a reward program may take for one answer before the run stops")
       ->capture_default_str();
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the memory plan per worker and per host and exit (non-zero when the job "

@@ -87,6 +87,10 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
         "Objective: %s; %lld pairs (each chosen + rejected, up to %lld tokens a side), "
         "%lld dropped because the prompt fills --max-seq-len\n",
         s.objective.c_str(), (long long)s.examples, (long long)s.max_seq_len, (long long)s.dropped);
+  else if (!s.objective.empty())
+    std::printf("Objective: %s; %lld prompts of up to %lld tokens, %lld longer ones dropped\n",
+                s.objective.c_str(), (long long)s.examples, (long long)s.max_seq_len,
+                (long long)s.dropped);
   if (!s.compute.empty()) std::printf("Compute: %s\n", s.compute.c_str());
   if (!s.adapters.empty()) {
     const double all = static_cast<double>(s.trainable_parameters + s.frozen_parameters);
@@ -134,6 +138,8 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
   for (const auto& [name, sum] : objective_sums_)
     if (name == "rewards/accuracies" || name == "rewards/margins")
       extra += StrCat(" | ", name.substr(8), " ", FormatMetric(sum / objective_steps_));
+    else if (name == "reward")  // GRPO: the mean reward of the epoch's completions so far
+      extra += StrCat(" | reward ", FormatMetric(sum / objective_steps_));
   ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
                state.epoch_loss_sum / state.step_in_epoch, epoch_tokens_ / elapsed_s, elapsed_s,
                extra);
@@ -166,8 +172,9 @@ void ProgressReporter::Epoch(EpochMetrics e) {
     for (const auto& [name, sum] : objective_sums_)
       line += StrCat(line.empty() ? "" : " | ", name, "=",
                      FormatMetric(sum / static_cast<double>(objective_steps_)));
-    std::printf("Epoch %lld/%lld preference metrics (mean of its steps) | %s\n", (long long)e.epoch,
-                (long long)num_epochs_, line.c_str());
+    const bool rl = objective_sums_.front().first == "reward";
+    std::printf("Epoch %lld/%lld %s metrics (mean of its steps) | %s\n", (long long)e.epoch,
+                (long long)num_epochs_, rl ? "reward" : "preference", line.c_str());
   }
   std::fflush(stdout);
   if (!observer_) return;

@@ -28,6 +28,7 @@
 #include "train/checkpointer.h"
 #include "train/generation.h"
 #include "train/lr_schedule.h"
+#include "train/objectives/grpo_step.h"
 #include "train/objectives/preference_step.h"
 #include "train/progress.h"
 #include "train/train_state.h"
@@ -68,16 +69,34 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
           "trl-lib/ultrafeedback_binarized)");
     dso.path = data_dir + "/tiny_instruct/train.jsonl";
   }
+  if (dso.path.empty() && text.prompts)
+    return InvalidArgument(
+        "--objective grpo needs prompt-only data: --dataset with a 'prompt' column (text or a "
+        "conversation) and the columns the rewards read, e.g. trl-lib/DeepMath-103K's layout");
   dso.preference = text.preference;
+  dso.prompts = text.prompts;
   ST_ASSIGN_OR_RETURN(InstructionDataset ds, InstructionDataset::Open(dso));
   CollateOptions co;
   co.max_seq_len = max_seq_len;
   co.split_long = text.split_long;
   ST_ASSIGN_OR_RETURN(const int32_t pad_id, ResolvePadId(tok, co));
-  InstructionData data{tokenizer.dir, tok, TokenizedSet{}, PreferenceSet{}, DatasetReport{}};
+  InstructionData data{tokenizer.dir, tok, TokenizedSet{}, PreferenceSet{}, PromptSet{},
+                       DatasetReport{}};
   ST_ASSIGN_OR_RETURN(ExampleRenderer renderer,
                       ExampleRenderer::Create(data.tokenizer, text.kind, text.train_on));
-  if (text.preference) {
+  if (text.prompts) {
+    data.prompts = PromptSet(max_seq_len);
+    const bool chat = renderer.kind() == TemplateKind::kGemmaChat;
+    ST_RETURN_IF_ERROR(ds.ForEach(
+        [&](const InstructionRecord& r) {
+          return data.prompts.Add(r, data.tokenizer, chat ? &renderer : nullptr)
+              .WithContext(StrCat("prompt record at line/row ", r.line, " of ", ds.file()));
+        },
+        &data.report));
+    if (data.prompts.size() == 0)
+      return InvalidArgument(StrCat(data.report.Summary(), ": every prompt is longer than ",
+                                    "--max-seq-len ", max_seq_len, ": raise --max-seq-len"));
+  } else if (text.preference) {
     data.pairs = PreferenceSet(max_seq_len);
     const bool chat = renderer.kind() == TemplateKind::kGemmaChat;
     PreferenceTokens pt;
@@ -119,24 +138,44 @@ TextOptions TextOf(const FinetuneOptions& o) {
   t.kind = ParseTemplateKind(o.chat_template).value();
   t.train_on = ParseTrainOn(o.train_on).value();
   t.split_long = o.packing == "split";
-  t.preference = o.objective != "sft";
+  t.preference = o.objective == "dpo" || o.objective == "orpo";
+  t.prompts = o.objective == "grpo";
   return t;
 }
 
 ObjectiveOptions ObjectiveOf(const FinetuneOptions& o) {
   ObjectiveOptions b;
   b.objective = o.objective;
-  b.beta = o.beta;
-  b.loss_type = o.loss_type;
+  if (o.beta >= 0) b.beta = o.beta;
+  if (!o.loss_type.empty()) b.loss_type = o.loss_type;
   b.label_smoothing = o.label_smoothing;
   return b;
+}
+
+GrpoOptions GrpoOf(const FinetuneOptions& o) {
+  GrpoOptions g;
+  g.num_generations = o.num_generations;
+  if (!o.loss_type.empty()) g.loss_type = o.loss_type;
+  if (o.beta >= 0) g.beta = o.beta;
+  g.epsilon = o.epsilon;
+  g.epsilon_high = o.epsilon_high;
+  g.scale_rewards = o.scale_rewards;
+  g.num_iterations = o.num_iterations;
+  g.max_completion_length = o.max_completion_length;
+  g.mask_truncated_completions = o.mask_truncated_completions;
+  g.reward_weights = o.reward_weights;
+  return g;
 }
 
 BatchingOptions BatchingOf(const FinetuneOptions& o, int32_t pad_id) {
   BatchingOptions b;
   b.max_seq_len = o.objective == "sft" ? o.max_seq_len : 2 * o.max_seq_len;
   b.batch_size = o.batch_size_per_device;
-  b.packing = o.packing != "off";
+  if (o.objective == "grpo") {  // rows of prompts, G completions each, one completion a row
+    b.max_seq_len = o.max_seq_len + o.max_completion_length;
+    b.batch_size = std::max<int64_t>(1, o.batch_size_per_device / o.num_generations);
+  }
+  b.packing = o.packing != "off" && o.objective != "grpo";
   b.padding = o.padding == "max_length" ? PaddingMode::kMaxLength : PaddingMode::kLongest;
   b.group_by_length = o.group_by_length;
   b.pad_id = pad_id;
@@ -158,7 +197,42 @@ DatasetOptions DatasetOf(const FinetuneOptions& o) {
 }
 
 Status ValidateFinetuneOptions(const FinetuneOptions& o) {
-  ST_RETURN_IF_ERROR(ValidateObjectiveOptions(ObjectiveOf(o)));
+  if (o.objective == "grpo") {
+    ST_RETURN_IF_ERROR(ValidateGrpoOptions(
+        GrpoOf(o), static_cast<int64_t>(o.rewards.size() + o.reward_commands.size())));
+    if (o.batch_size_per_device % o.num_generations != 0)
+      return InvalidArgument(StrCat(
+          "--batch-size-per-device counts completions (TRL's per_device_train_batch_size): ",
+          o.batch_size_per_device, " is not a multiple of --num-generations ", o.num_generations,
+          "; e.g. --batch-size-per-device ", o.num_generations));
+    if (!o.eval_split.empty())
+      return InvalidArgument("--eval-split is not supported with --objective grpo yet");
+    if (o.packing == "split" || o.padding != "longest" || o.group_by_length)
+      return InvalidArgument(
+          "--objective grpo trains one completion a row, padded to the longest: drop "
+          "--packing split, --padding and --group-by-length");
+    if (o.beta > 0 && (o.lora_rank <= 0 || !o.modules_to_save.empty()))
+      return InvalidArgument(
+          "--objective grpo with --beta > 0 needs a reference: with --lora-rank (and no "
+          "--modules-to-save) it is the base with the adapters off; full fine-tuning keeps no "
+          "second model (use --beta 0, TRL's default)");
+    if (o.save_steps % o.num_iterations != 0)
+      return InvalidArgument(StrCat("--save-steps ", o.save_steps,
+                                    " must be a multiple of --num-iterations ", o.num_iterations,
+                                    ": checkpoints fall between generation rounds"));
+    if (!(o.temperature > 0))
+      return InvalidArgument("--temperature must be > 0 (GRPO samples its completions)");
+    if (!(o.reward_timeout > 0)) return InvalidArgument("--reward-timeout must be > 0");
+      SamplingOptions so;
+    so.temperature = o.temperature;
+    so.top_p = o.top_p;
+    so.top_k = o.top_k;
+    ST_RETURN_IF_ERROR(so.Validate());
+  } else {
+    ST_RETURN_IF_ERROR(ValidateObjectiveOptions(ObjectiveOf(o)));
+    if (!o.rewards.empty() || !o.reward_commands.empty())
+      return InvalidArgument("--reward and --reward-command are for --objective grpo");
+  }
   if (o.precompute_ref_log_probs && o.objective != "dpo")
     return InvalidArgument("--precompute-ref-log-probs is DPO's (ORPO and SFT have no reference)");
   if (o.objective != "sft" && o.packing == "split")
@@ -307,7 +381,9 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
                       LoadRunTokenizer(m.config, o.model_id, o.tokenizer, o.data_dir));
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, TextOf(o)));
-  const TokenizedSet& set = o.objective == "sft" ? data.examples : data.pairs.pairs;
+  const TokenizedSet& set = o.objective == "sft"    ? data.examples
+                            : o.objective == "grpo" ? data.prompts.prompts
+                                                    : data.pairs.pairs;
   const BatchingOptions batching = BatchingOf(o, data.pad_id);
   // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
   // Optimizer steps: the plan's micro-batches, --gradient-accumulation-steps at a time (the
@@ -317,7 +393,8 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   const int64_t steps_per_epoch = (micro_steps + K - 1) / K;
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat(
-        "the data set has ", set.size(), o.objective == "sft" ? " examples" : " pairs",
+        "the data set has ", set.size(),
+        o.objective == "sft" ? " examples" : o.objective == "grpo" ? " prompts" : " pairs",
         ": too few for ", world, " workers x --batch-size-per-device ", o.batch_size_per_device));
   std::optional<InstructionData> eval;
   if (!o.eval_split.empty()) {
@@ -460,8 +537,14 @@ class Trainer {
   void Sample(const TrainState& state);
   std::vector<std::string> sample_prompts_;
   std::unique_ptr<Objective> objective_;  // --objective dpo | orpo; null: the mean token loss
-  // The rows the epoch plans over: the examples, or a preference run's pairs.
-  const TokenizedSet& Rows() const { return objective_ ? in_.data.pairs.pairs : in_.data.examples; }
+  std::unique_ptr<GrpoRun> grpo_;         // --objective grpo
+  Status CreateGrpo();
+  // The rows the epoch plans over: the examples, a preference run's pairs or a GRPO run's prompts.
+  const TokenizedSet& Rows() const {
+    return objective_ ? in_.data.pairs.pairs : grpo_ ? in_.data.prompts.prompts : in_.data.examples;
+  }
+  // Optimizer steps per planned step: a GRPO round serves --num-iterations of them.
+  int64_t Reuse() const { return grpo_ ? grpo_->options.num_iterations : 1; }
   bool stop_ = false;  // early stopping fired
   // The last evaluation's step and loss: the epoch's end reuses one taken at its last step.
   int64_t last_eval_step_ = -1;
@@ -517,7 +600,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, com
   ST_RETURN_IF_ERROR(ValidateFinetuneOptions(o));
   ST_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o, pg.size(), pg.rank()));
   std::unique_ptr<Trainer> t(new Trainer(o, pg, collective, observer, std::move(in)));
-  if (o.objective != "sft") {
+  if (o.objective == "grpo") {
+    ST_RETURN_IF_ERROR(t->CreateGrpo());
+  } else if (o.objective != "sft") {
     ST_ASSIGN_OR_RETURN(t->objective_, MakeObjective(ObjectiveOf(o)));
   }
   ST_ASSIGN_OR_RETURN(t->schedule_, ScheduleOf(o, t->adam_.lr, t->in_.steps_per_epoch));
@@ -534,6 +619,40 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, com
   return t;
 }
 
+Status Trainer::CreateGrpo() {
+  auto g = std::make_unique<GrpoRun>();
+  g->options = GrpoOf(o_);
+  g->rollout.sampling.temperature = o_.temperature;
+  g->rollout.sampling.top_p = o_.top_p;
+  g->rollout.sampling.top_k = o_.top_k;
+  g->rollout.sampling.seed = o_.seed;
+  g->rollout.num_generations = o_.num_generations;
+  g->rollout.max_completion_length = o_.max_completion_length;
+  // A completion ends at eos, the config's eos ids or the chat template's end of turn.
+  const Tokenizer& tok = in_.data.tokenizer;
+  for (const int64_t id : {static_cast<int64_t>(tok.eos_id()), in_.model.config.eos_token_id,
+                           static_cast<int64_t>(tok.TokenToId("<turn|>").value_or(-1))})
+    if (id >= 0 && std::find(g->rollout.stops.begin(), g->rollout.stops.end(), id) ==
+                       g->rollout.stops.end())
+      g->rollout.stops.push_back(static_cast<int32_t>(id));
+  for (const std::string& spec : o_.rewards) {
+    ST_ASSIGN_OR_RETURN(std::unique_ptr<RewardFunction> r, MakeBuiltinReward(spec));
+    g->rewards.push_back(std::move(r));
+  }
+  for (const std::string& cmd : o_.reward_commands) {
+    ST_ASSIGN_OR_RETURN(std::unique_ptr<RewardFunction> r, MakeCommandReward(cmd, o_.reward_timeout));
+    g->rewards.push_back(std::move(r));
+  }
+  g->prompts = &in_.data.prompts;
+  g->tokenizer = &in_.data.tokenizer;
+  g->registry = &in_.model.registry;
+  g->config = in_.model.config;
+  g->precision = cpu::ResolvePrecision(o_.precision).value();
+  g->reference_is_base = o_.lora_rank > 0;
+  grpo_ = std::move(g);
+  return Status::Ok();
+}
+
 SetupSummary Trainer::Summary() const {
   SetupSummary s;
   s.data = in_.data.report.Summary();
@@ -543,16 +662,25 @@ SetupSummary Trainer::Summary() const {
   s.tokens = Rows().tokens();
   s.split = in_.data.examples.split;
   s.untrained = in_.data.examples.untrained;
+  if (grpo_) {
+    const GrpoOptions& g = grpo_->options;
+    s.objective = StrCat("grpo (", g.loss_type, ", beta ", g.beta, ", ", g.num_generations,
+                         " completions a prompt of at most ", g.max_completion_length,
+                         " tokens, temperature ", o_.temperature, ", ", grpo_->rewards.size(),
+                         " reward function", grpo_->rewards.size() == 1 ? "" : "s", ")");
+    s.dropped = in_.data.prompts.dropped;
+  }
   if (objective_) {
     s.pairs = true;
     s.dropped = in_.data.pairs.dropped;
     s.objective =
         o_.objective == "dpo"
-            ? StrCat("dpo (", o_.loss_type, ", beta ", o_.beta, "; reference: ",
+            ? StrCat("dpo (", ObjectiveOf(o_).loss_type, ", beta ", ObjectiveOf(o_).beta,
+                     "; reference: ",
                      o_.lora_rank > 0 && o_.modules_to_save.empty() ? "the base, adapters off"
                                                                     : "the initial weights",
                      PrecomputesReference() ? ", log-probs precomputed)" : ")")
-            : StrCat("orpo (lambda ", o_.beta, ")");
+            : StrCat("orpo (lambda ", ObjectiveOf(o_).beta, ")");
   }
   const BatchingOptions& b = in_.batching;
   s.layout = StrCat("template ", TemplateKindName(in_.data.kind), ", loss on ",
@@ -693,7 +821,9 @@ Status Trainer::RunEpoch(TrainState& state) {
   const auto t0 = Clock::now();
   const std::vector<StepRows> plan = PlanEpoch(Rows(), in_.batching, world_, rank_, state.epoch);
   const int64_t K = o_.gradient_accumulation_steps;
-  const int64_t steps = (static_cast<int64_t>(plan.size()) + K - 1) / K;  // optimizer steps
+  // Optimizer steps: a GRPO round (one planned step) serves --num-iterations of them.
+  const int64_t R = Reuse();
+  const int64_t steps = (static_cast<int64_t>(plan.size()) + K - 1) / K * R;
   // Resumed inside this epoch: its first `skip` steps are in the checkpoint; the epoch's time and
   // throughput then cover the steps run since.
   const int64_t skip = state.step_in_epoch;
@@ -704,14 +834,16 @@ Status Trainer::RunEpoch(TrainState& state) {
     adam.lr = schedule_.At(state.global_step);
     const StepParts parts{engine_, fsdp_,       adam,    o_.max_grad_norm,
                           pg_,     collective_, o_.seed, o_.sync_each_batch};
+    const int64_t j = i / R;  // the planned step (a GRPO round's)
     const std::span<const StepRows> micro = std::span<const StepRows>(plan).subspan(
-        static_cast<size_t>(i * K),
-        static_cast<size_t>(std::min<int64_t>(K, static_cast<int64_t>(plan.size()) - i * K)));
-    ST_ASSIGN_OR_RETURN(
-        StepResult step,
-        objective_ ? PreferenceTrainStep(parts, *objective_, in_.data.pairs, micro, in_.batching,
-                                         state, ref_train_.empty() ? nullptr : &ref_train_)
-                   : TrainStep(parts, in_.data.examples, micro, in_.batching, state));
+        static_cast<size_t>(j * K),
+        static_cast<size_t>(std::min<int64_t>(K, static_cast<int64_t>(plan.size()) - j * K)));
+    StatusOr<StepResult> result =
+        grpo_        ? GrpoTrainStep(parts, *grpo_, micro, state, i % R == 0 || i == skip)
+        : objective_ ? PreferenceTrainStep(parts, *objective_, in_.data.pairs, micro, in_.batching,
+                                           state, ref_train_.empty() ? nullptr : &ref_train_)
+                     : TrainStep(parts, in_.data.examples, micro, in_.batching, state);
+    ST_ASSIGN_OR_RETURN(StepResult step, std::move(result));
     real_tokens += step.real_tokens;
     tokens += step.tokens;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();

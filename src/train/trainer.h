@@ -24,9 +24,11 @@
 #include "data/collate.h"
 #include "data/dataset.h"
 #include "data/preference.h"
+#include "data/prompts.h"
 #include "data/tokenizer.h"
 #include "io/peft_adapter.h"
 #include "model/config.h"
+#include "train/objectives/grpo.h"
 #include "train/objectives/objective.h"
 #include "train/step_metrics.h"
 
@@ -109,14 +111,37 @@ struct FinetuneOptions {
   // preference objectives' flags as TRL's DPOConfig names them: beta (ORPO's lambda), the DPO
   // loss type (sigmoid | hinge | ipo | robust) and robust DPO's label smoothing. The reference
   // of DPO is the base model with the LoRA adapters off (--lora-rank is needed).
+  // GRPO (--objective grpo) is online RL on prompt-only data (objectives/grpo.h): beta is the
+  // weight of its KL to the reference and loss_type one of grpo | bnpo | dr_grpo | dapo. beta < 0
+  // and loss_type "" are each objective's default (DPO/ORPO 0.1 and sigmoid, GRPO 0 and dapo, as
+  // TRL's configs).
   std::string objective = "sft";
-  double beta = 0.1;
-  std::string loss_type = "sigmoid";
+  double beta = -1;
+  std::string loss_type;
   double label_smoothing = 0;
   // DPO's reference log-probs computed once before the first step and stored with the run
   // (<run>/reference_logps.safetensors, so a resume does not redo them), instead of a reference
   // forward every step. Full fine-tuning (no adapters to switch off) always does this.
   bool precompute_ref_log_probs = false;
+  // GRPO, as TRL's GRPOConfig names them: completions per prompt (--batch-size-per-device counts
+  // completions and must be a multiple of it), their sampling and length, the clipping range
+  // (epsilon_high < 0: epsilon), the advantages' scaling, the optimizer steps per generation
+  // round, and masking truncated completions out of the loss.
+  int64_t num_generations = 8;
+  int64_t max_completion_length = 256;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double epsilon = 0.2;
+  double epsilon_high = -1;
+  std::string scale_rewards = "group";
+  int64_t num_iterations = 1;
+  bool mask_truncated_completions = false;
+  // The reward functions (train/rewards.h): built-ins (--reward SPEC) first, then programs
+  // (--reward-command CMD), weighted by reward_weights (empty: 1 each) as TRL's reward_funcs.
+  std::vector<std::string> rewards, reward_commands;
+  std::vector<double> reward_weights;
+  double reward_timeout = 60;  // seconds a program may take for one answer
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   // LoRA (PEFT's LoraConfig): rank 0 = full fine-tuning. With a rank the base model is frozen and
   // only the adapters train; checkpoints are PEFT adapter directories.
@@ -152,6 +177,8 @@ struct TextOptions {
   bool split_long = false;
   // Preference pairs (--objective dpo | orpo) into InstructionData::pairs instead of examples.
   bool preference = false;
+  // Prompt-only records (--objective grpo) into InstructionData::prompts.
+  bool prompts = false;
 };
 
 struct InstructionData {
@@ -159,6 +186,7 @@ struct InstructionData {
   Tokenizer tokenizer;
   TokenizedSet examples;
   PreferenceSet pairs;  // a preference run's pairs (TextOptions::preference); examples empty
+  PromptSet prompts;    // an online RL run's prompts (TextOptions::prompts); examples empty
   DatasetReport report;
   TemplateKind kind = TemplateKind::kInstruction;  // resolved (never kAuto)
   TrainOn train_on = TrainOn::kAll;                // resolved
@@ -189,8 +217,9 @@ StatusOr<InstructionData> LoadInstructionData(const Gemma4Config& config,
 // preference run's rows hold pairs: twice --max-seq-len tokens.
 TextOptions TextOf(const FinetuneOptions& options);
 BatchingOptions BatchingOf(const FinetuneOptions& options, int32_t pad_id);
-// The objective flags of a run.
+// The objective flags of a run (each objective's defaults resolved).
 ObjectiveOptions ObjectiveOf(const FinetuneOptions& options);
+GrpoOptions GrpoOf(const FinetuneOptions& options);
 
 // The data set of a run's flags: --dataset, --dataset-split and the field names.
 DatasetOptions DatasetOf(const FinetuneOptions& options);
