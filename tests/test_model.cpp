@@ -477,6 +477,66 @@ TEST(Engine, TargetLogProbsAndWeightedBackwardMatchTheWholeLogits) {
   }
 }
 
+// A logit temperature (GRPO's log-probs at the sampling temperature): TargetLogProbs are the
+// log-softmax of the softcapped logits / t, and the weighted backward is their gradient, checked
+// by central differences on the final norm's weights (the largest gradients; 2e-2 relative, the
+// fp32 forward's noise over a step of 1e-2).
+TEST(Engine, LogitTemperatureScalesTheLogProbsAndTheirGradient) {
+  Gemma4Config c = MicroConfig();
+  const int64_t B = 2, T = 16, V = c.vocab_size;
+  const float t = 0.6f;
+  Gemma4Engine engine(c, B, T);
+  auto params = InitedParams(c, engine.registry(), 21);
+  MicroBatch mb = MakeBatch(c, B, T, 22);
+  Batch batch = mb.Get(B, T);
+  engine.SetLogitTemperature(t);
+  engine.Forward(params.data(), batch);
+  std::vector<float> lp(B * T), logits(B * T * V);
+  engine.TargetLogProbs(lp.data());
+  engine.ComputeLogits(params.data(), logits.data());
+  for (int64_t n = 0; n + 1 < B * T; ++n) {
+    if ((n + 1) % T == 0 || batch.labels[n + 1] == -100) continue;
+    const float* z = logits.data() + n * V;
+    double m = -1e300, s = 0;
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(z[v]) / t);
+    for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(z[v]) / t - m);
+    EXPECT_NEAR(lp[n + 1], z[batch.labels[n + 1]] / t - m - std::log(s), 2e-4) << n;
+  }
+  Rng rng(9);
+  std::vector<float> w(B * T);
+  for (float& x : w) x = static_cast<float>(rng.Normal());
+  auto objective = [&](const std::vector<float>& p) {  // sum of w x token loss, in double
+    engine.Forward(p.data(), batch);
+    engine.TargetLogProbs(lp.data());
+    double v = 0;
+    for (int64_t i = 0; i < B * T; ++i) v -= static_cast<double>(w[i]) * lp[i];
+    return v;
+  };
+  std::vector<float> grad(params.size(), 0.0f);
+  objective(params);
+  Batch wb = batch;
+  wb.loss_weights = w.data();
+  engine.Backward(params.data(), grad.data(), wb, 1.0f);
+  const ArenaEntry& e = engine.registry().layout.entry(engine.registry().norm);
+  std::vector<int64_t> idx(static_cast<size_t>(e.numel));
+  for (int64_t i = 0; i < e.numel; ++i) idx[static_cast<size_t>(i)] = i;
+  std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    return std::abs(grad[e.offset + a]) > std::abs(grad[e.offset + b]);
+  });
+  for (int k = 0; k < 3; ++k) {
+    const int64_t j = e.offset + idx[static_cast<size_t>(k)];
+    const float h = 1e-2f;
+    std::vector<float> p = params;
+    p[j] += h;
+    const double up = objective(p);
+    p[j] -= 2 * h;
+    const double down = objective(p);
+    const double fd = (up - down) / (2.0 * h);
+    EXPECT_NEAR(grad[j], fd, 2e-2 * std::abs(fd)) << "final norm weight " << idx[static_cast<size_t>(k)];
+  }
+  engine.SetLogitTemperature(1.0f);
+}
+
 // Activation checkpointing recomputes with the same kernels on the same inputs: loss and every
 // gradient bit for bit those of keeping everything, with padding, KV sharing and PLE, and with the
 // embedding tables frozen and served from a source (FrozenWeights' per-layer hooks).
