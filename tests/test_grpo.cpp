@@ -6,15 +6,19 @@
 //   stop tokens and truncation as TRL marks them;
 // - a toy task learns end to end: the mean reward rises over a short run on gemma4-tiny.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "proc_util.h"
 #include "test_util.h"
 #include "model/decode.h"
 #include "model/gemma4.h"
@@ -287,6 +291,93 @@ TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
     last += steps[steps.size() - 1 - i]["reward"].get<double>() / 4;
   }
   EXPECT_GT(last, first + 0.3) << "mean reward of the first 4 steps " << first << ", last 4 " << last;
+}
+
+// Rounds that serve two optimizer steps (--num-iterations 2: the ratio to the round's log-probs
+// moves and clipping acts), a KL term to the base (LoRA, adapters off) and LoRA dropout; killed
+// in the middle of a round after a step checkpoint in epoch 2 and resumed: the same adapter as
+// the uninterrupted run (each round's sampler is seeded by the step it starts at, and
+// checkpoints fall between rounds).
+TEST(Grpo, KilledInTheMiddleOfARoundResumesExactly) {
+  const std::string dir = test::TempDir("grpo_resume");
+  ASSERT_FALSE(dir.empty());
+  const std::vector<std::string> base = {ST_BINARY,
+                                         "finetune",
+                                         "--data-dir",
+                                         ST_SOURCE_DIR "/data",
+                                         "--dataset",
+                                         WritePrompts(dir),
+                                         "--dataset-split",
+                                         "train[:16]",
+                                         "--objective",
+                                         "grpo",
+                                         "--reward-command",
+                                         WriteReward(dir),
+                                         "--num-generations",
+                                         "4",
+                                         "--batch-size-per-device",
+                                         "8",
+                                         "--max-completion-length",
+                                         "10",
+                                         "--max-seq-len",
+                                         "32",
+                                         "--num-iterations",
+                                         "2",
+                                         "--beta",
+                                         "0.04",
+                                         "--epsilon-high",
+                                         "0.28",
+                                         "--lora-rank",
+                                         "4",
+                                         "--lora-dropout",
+                                         "0.1",
+                                         "--lr",
+                                         "2e-2",
+                                         "--no-dashboard",
+                                         "--progress",
+                                         "off",
+                                         "--storage-path",
+                                         dir,
+                                         "--topology",
+                                         "2",
+                                         "--num-epochs",
+                                         "2",
+                                         "--save-steps",
+                                         "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  testing::Proc full(with({"--run-name", "full"}));
+  ASSERT_EQ(full.Wait(std::chrono::seconds(300)), 0) << full.output();
+  // 16 prompts, 2 a worker: 4 rounds of 2 steps an epoch.
+  const auto steps = Records(dir + "/full", "step");
+  ASSERT_EQ(steps.size(), 16u);
+  double clipped = 0;
+  for (const auto& s : steps) {
+    EXPECT_TRUE(s.contains("kl")) << s.dump();
+    clipped += s["clip_ratio/region_mean"].get<double>();
+  }
+  EXPECT_GT(clipped, 0.0) << "the second step of a round moves the ratio past the clip range";
+  // The first step of a round is on-policy (ratio 1): nothing is clipped there.
+  EXPECT_EQ(steps[0]["clip_ratio/region_mean"].get<double>(), 0.0);
+  testing::Proc part(with({"--run-name", "part"}));
+  ASSERT_TRUE(part.ReadUntil(
+      [](const std::string& o) { return o.find("(epoch 2, step 4 of 8)") != std::string::npos; },
+      std::chrono::seconds(300)))
+      << part.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // into the next round
+  ASSERT_EQ(kill(part.pid(), SIGKILL), 0);
+  part.Wait(std::chrono::seconds(30));
+  testing::Proc rest(with({"--run-name", "part", "--resume"}));
+  ASSERT_EQ(rest.Wait(std::chrono::seconds(300)), 0) << rest.output();
+  const std::string a = test::NewestCheckpoint(dir + "/full"), b = test::NewestCheckpoint(dir + "/part");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(test::ReadFile(a + "/adapter_model.safetensors") ==
+              test::ReadFile(b + "/adapter_model.safetensors"))
+      << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
 // A reward program that writes something that is not a number stops the run with one line

@@ -390,7 +390,9 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   // epoch's last step may take fewer, as transformers' last accumulation window does).
   const int64_t micro_steps = static_cast<int64_t>(PlanEpoch(set, batching, world, rank, 0).size());
   const int64_t K = o.gradient_accumulation_steps;
-  const int64_t steps_per_epoch = (micro_steps + K - 1) / K;
+  // A GRPO round (one planned step) serves --num-iterations optimizer steps.
+  const int64_t steps_per_epoch =
+      (micro_steps + K - 1) / K * (o.objective == "grpo" ? o.num_iterations : 1);
   if (steps_per_epoch == 0)
     return InvalidArgument(StrCat(
         "the data set has ", set.size(),
