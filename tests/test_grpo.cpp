@@ -275,7 +275,8 @@ TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
   const std::string dir = test::TempDir("grpo");
   ASSERT_FALSE(dir.empty());
   const test::Ran r = test::RunCommand(Job(dir) + " --reward-command " + WriteReward(dir) +
-                                       " --lr 1e-2 --num-epochs 4 --topology 2 --run-name learn");
+                                       " --lr 1e-2 --num-epochs 4 --topology 2 --run-name learn"
+                                       " --log-completions 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("Starting slicetrain FSDP GRPO job"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Objective: grpo (dapo, beta 0, 4 completions"), std::string::npos) << r.out;
@@ -285,6 +286,14 @@ TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
                         "completions/mean_length", "completions/clipped_ratio",
                         "clip_ratio/region_mean"})
     EXPECT_TRUE(steps[0].contains(k)) << k << " in " << steps[0].dump();
+  // --log-completions 2: two of rank 0's completions with their rewards on every step (each
+  // step starts a round here), printed too.
+  ASSERT_TRUE(steps[0].contains("completions")) << steps[0].dump();
+  ASSERT_EQ(steps[0]["completions"].size(), 2u);
+  const nlohmann::json& c0 = steps[0]["completions"][0];
+  EXPECT_TRUE(c0["prompt"].is_string() && c0["completion"].is_string()) << c0.dump();
+  EXPECT_TRUE(c0["rewards"].contains("reward.sh")) << c0.dump();
+  EXPECT_NE(r.out.find("  completion | reward "), std::string::npos) << r.out;
   double first = 0, last = 0;
   for (size_t i = 0; i < 4; ++i) {
     first += steps[i]["reward"].get<double>() / 4;

@@ -190,7 +190,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                          "--top-p", Num(o.top_p), "--top-k", s(o.top_k), "--epsilon",
                          Num(o.epsilon), "--epsilon-high", Num(o.epsilon_high), "--scale-rewards",
                          o.scale_rewards, "--num-iterations", s(o.num_iterations),
-                         "--reward-timeout", Num(o.reward_timeout)});
+                         "--reward-timeout", Num(o.reward_timeout), "--log-completions",
+                         s(o.log_completions)});
   if (o.mask_truncated_completions) cmd.push_back("--mask-truncated-completions");
   for (const std::string& r : o.rewards) cmd.insert(cmd.end(), {"--reward", r});
   for (const std::string& r : o.reward_commands) cmd.insert(cmd.end(), {"--reward-command", r});
@@ -673,6 +674,10 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                    "--reward-command ones (default 1 each)");
   grpo->add_option("--reward-timeout", o.reward_timeout,
                    "Seconds a reward program may take for one answer before the run stops")
+      ->capture_default_str();
+  grpo->add_option("--log-completions", o.log_completions,
+                   "Completions (prompt, text, rewards, advantage) of the first worker printed "
+                   "and recorded in metrics.jsonl at each generation round (0 = none)")
       ->capture_default_str();
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the memory plan per worker and per host and exit (non-zero when the job "

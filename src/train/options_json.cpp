@@ -69,6 +69,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"reward_commands", o.reward_commands},
           {"reward_weights", o.reward_weights},
           {"reward_timeout", o.reward_timeout},
+          {"log_completions", o.log_completions},
           {"label_smoothing", o.label_smoothing},
           {"precompute_ref_log_probs", o.precompute_ref_log_probs},
           {"freeze", o.freeze},

@@ -140,6 +140,17 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
       extra += StrCat(" | ", name.substr(8), " ", FormatMetric(sum / objective_steps_));
     else if (name == "reward")  // GRPO: the mean reward of the epoch's completions so far
       extra += StrCat(" | reward ", FormatMetric(sum / objective_steps_));
+  // GRPO --log-completions: a few of the step's completions, one line each.
+  if (step.completions.is_array())
+    for (const nlohmann::json& c : step.completions) {
+      std::string text = c["completion"].is_string() ? c["completion"].get<std::string>()
+                                                     : c["completion"].dump();
+      for (char& ch : text)
+        if (ch == '\n') ch = ' ';
+      if (text.size() > 120) text = text.substr(0, 117) + "...";
+      std::printf("  completion | reward %s | advantage %s | %s\n", c["reward"].dump().c_str(),
+                  FormatMetric(c["advantage"].get<double>()).c_str(), text.c_str());
+    }
   ShowProgress(mode_, state.epoch + 1, num_epochs_, state.step_in_epoch, steps_in_epoch,
                state.epoch_loss_sum / state.step_in_epoch, epoch_tokens_ / elapsed_s, elapsed_s,
                extra);
@@ -151,6 +162,7 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
   sm.step_in_epoch = state.step_in_epoch;
   sm.steps_in_epoch = steps_in_epoch;
   sm.objective = step.objective_metrics;
+  sm.completions = std::move(step.completions);
   observer_->OnStep(sm);
 }
 

@@ -194,6 +194,7 @@ nlohmann::json ToJson(const StepMetrics& s) {
                       {"comm_s", s.comm_s},
                       {"workers", workers}};
   for (const auto& [name, value] : s.objective) j[name] = value;
+  if (s.completions.is_array() && !s.completions.empty()) j["completions"] = s.completions;
   return j;
 }
 

@@ -61,6 +61,9 @@ struct StepMetrics {
   std::vector<WorkerSample> workers;  // [world]
   // A preference objective's metrics under TRL's names (rewards/chosen, logps/rejected, ...).
   std::vector<std::pair<std::string, double>> objective;
+  // GRPO with --log-completions: some of rank 0's completions ({prompt, completion, rewards,
+  // advantage}), recorded with the step; empty otherwise.
+  nlohmann::json completions;
 };
 
 // The seed's per-epoch figures.

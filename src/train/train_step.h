@@ -59,6 +59,7 @@ struct StepResult {
   std::vector<WorkerSample> samples;  // [world]: every rank's measurements of the step
   // A preference objective's metrics (TRL's names: rewards/chosen, ...), the global batch's.
   std::vector<std::pair<std::string, double>> objective_metrics;
+  nlohmann::json completions;  // GRPO --log-completions (rank 0's; see StepMetrics)
 };
 
 // Runs the step on `micro` (its micro-batches: one, or --gradient-accumulation-steps) of `set`,

@@ -223,6 +223,7 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     if (!(o.temperature > 0))
       return InvalidArgument("--temperature must be > 0 (GRPO samples its completions)");
     if (!(o.reward_timeout > 0)) return InvalidArgument("--reward-timeout must be > 0");
+    if (o.log_completions < 0) return InvalidArgument("--log-completions must be >= 0");
       SamplingOptions so;
     so.temperature = o.temperature;
     so.top_p = o.top_p;
@@ -651,6 +652,7 @@ Status Trainer::CreateGrpo() {
   g->config = in_.model.config;
   g->precision = cpu::ResolvePrecision(o_.precision).value();
   g->reference_is_base = o_.lora_rank > 0;
+  g->log_completions = o_.log_completions;
   grpo_ = std::move(g);
   return Status::Ok();
 }

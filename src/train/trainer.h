@@ -142,6 +142,9 @@ struct FinetuneOptions {
   std::vector<std::string> rewards, reward_commands;
   std::vector<double> reward_weights;
   double reward_timeout = 60;  // seconds a program may take for one answer
+  // Completions (prompt, text, rewards, advantage) of rank 0 printed and recorded in
+  // metrics.jsonl at each round's first step (TRL's log_completions; 0 = none).
+  int64_t log_completions = 0;
   std::string freeze = "^embed_tokens_per_layer";  // regex over HF tensor names; "" = none
   // LoRA (PEFT's LoraConfig): rank 0 = full fine-tuning. With a rank the base model is frozen and
   // only the adapters train; checkpoints are PEFT adapter directories.

@@ -186,6 +186,23 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
     m.emplace_back("completions/mean_terminated_length",
                    term_n > 0 ? term_sum / term_n : std::numeric_limits<double>::quiet_NaN());
     m.emplace_back("generate_s", generate_s);
+    run.round_completions = nlohmann::json::array();
+    for (size_t i = 0; i < N && static_cast<int64_t>(i) < run.log_completions; ++i) {
+      const size_t g = static_cast<size_t>(p.pg.rank()) * N + i;  // in the gathered batch
+      nlohmann::json c = {{"prompt", inputs[i]["prompt"]},
+                          {"completion", inputs[i]["completion"]},
+                          {"advantage", adv.advantages[g]}};
+      double total = 0;
+      bool any = false;
+      for (size_t f = 0; f < F; ++f) {
+        const double r = rewards[g][f];
+        c["rewards"][run.rewards[f]->name()] = std::isnan(r) ? nlohmann::json() : nlohmann::json(r);
+        if (!std::isnan(r)) total += r * (o.reward_weights.empty() ? 1.0 : o.reward_weights[f]);
+        any |= !std::isnan(r);
+      }
+      c["reward"] = any ? nlohmann::json(total) : nlohmann::json();
+      run.round_completions.push_back(std::move(c));
+    }
     // The round's training rows, micro-batch by micro-batch.
     run.round.clear();
     size_t begin = 0;
@@ -285,6 +302,7 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
   sums.assign(f.begin(), f.end());
   out.loss = sums[0];
   out.objective_metrics = run.round_metrics;
+  if (new_round && p.pg.rank() == 0) out.completions = run.round_completions;
   for (auto& kv : FinishGrpoMetrics(o, sums)) out.objective_metrics.push_back(std::move(kv));
   ST_RETURN_IF_ERROR(FinishStep(p, s0, s1, c0, wait0, state, out));
   return out;

@@ -39,6 +39,7 @@ struct GrpoRun {
   Precision precision = Precision::kFp32;  // of the decoder's prompt products and its weights
   int64_t max_in_flight = 64;              // sequences decoded together (a multiple of G)
   bool reference_is_base = false;          // LoRA: the reference is the base (adapters off)
+  int64_t log_completions = 0;             // completions of rank 0 recorded per step (0: none)
 
   // The current round: this rank's completions as training rows, per micro-batch.
   struct Micro {
@@ -48,6 +49,7 @@ struct GrpoRun {
   };
   std::vector<Micro> round;
   std::vector<std::pair<std::string, double>> round_metrics;  // reward, completions/..., per round
+  nlohmann::json round_completions;  // --log-completions: this rank's first ones, with rewards
 };
 
 // new_round: sample and score (the first step of a round), else reuse run.round.
