@@ -28,6 +28,7 @@
 #include "observe/recorder.h"
 #include "train/checkpoint.h"
 #include "train/memory_estimate.h"
+#include "train/objectives/grpo_step.h"
 #include "train/trainable.h"
 #include "train/trainer.h"
 
@@ -392,6 +393,13 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       shape.world = topo.world_size();
       shape.batch = a.o.batch_size_per_device;
       shape.seq = a.o.objective == "sft" ? a.o.max_seq_len : 2 * a.o.max_seq_len;  // pairs
+      if (a.o.objective == "grpo") {  // a completion a row; the sampler beside the trainer
+        shape.seq = a.o.max_seq_len + a.o.max_completion_length;
+        const Precision p = *cpu::ResolvePrecision(a.o.precision);
+        shape.rollout_bytes = GrpoSamplerBytes(
+            *cfg, registry, trainable.mask, a.o.max_seq_len, a.o.max_completion_length,
+            a.o.batch_size_per_device * a.o.gradient_accumulation_steps, a.o.num_generations, p);
+      }
       shape.layer_units = a.o.fsdp_units == "layer";
       shape.accumulation = a.o.sync_each_batch ? 1 : a.o.gradient_accumulation_steps;
       shape.threads = a.threads > 0     ? a.threads

@@ -104,6 +104,10 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   if (e.accumulation > 0)
     e.terms.push_back(
         {"gradient accumulation (every unit's unsharded fp32 gradient)", e.accumulation});
+  e.rollout = shape.rollout_bytes;
+  if (e.rollout > 0)
+    e.terms.push_back(
+        {"GRPO sampler (the policy's weights for decoding, the batch's KV cache)", e.rollout});
   std::stable_sort(e.terms.begin(), e.terms.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
   return e;
@@ -146,6 +150,11 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
     advice =
         "reduce-scatter every micro-batch instead of keeping unsharded gradients "
         "(--sync-each-batch), or fewer --gradient-accumulation-steps";
+  else if (what.find("GRPO sampler") != std::string::npos)
+    advice =
+        "decode fewer sequences together (lower --batch-size-per-device or "
+        "--gradient-accumulation-steps), shorter completions (--max-completion-length), or "
+        "bf16 weights for sampling (--precision bf16)";
   else if (what.find("workspace") != std::string::npos)
     advice = "lower --batch-size-per-device or --max-seq-len, or fewer --threads";
   else if (what.find("sharded") != std::string::npos || what.find("gathered") != std::string::npos)
@@ -193,6 +202,7 @@ std::string FormatMemoryPlan(const WorkerMemoryEstimate& e, const WorkerShape& s
   row("optimizer state (2 moments)", e.optimizer);
   row("gathered units", e.gathered_units);
   if (e.accumulation > 0) row("gradient accumulation (unsharded)", e.accumulation);
+  if (e.rollout > 0) row("GRPO sampler (weights, KV cache)", e.rollout);
   row("frozen tensors in fp32", e.frozen_fp32);
   row("activations", e.activations);
   row("workspace", e.workspace);

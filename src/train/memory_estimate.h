@@ -39,6 +39,7 @@ struct WorkerMemoryEstimate {
   double params = 0, grads = 0, optimizer = 0, gathered_units = 0, frozen_fp32 = 0, activations = 0,
          workspace = 0, runtime = kWorkerRuntimeBytes;
   double accumulation = 0;  // --gradient-accumulation-steps > 1: unsharded gradients
+  double rollout = 0;       // GRPO's sampler (WorkerShape::rollout_bytes)
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   // Frozen elements never copied (the per-layer table when frozen): read from the checkpoint's
   // mapped files, or generated for a preset.
@@ -58,6 +59,11 @@ struct WorkerShape {
   int64_t accumulation = 1;
   // --precision as resolved: bf16 adds the bf16 copies of the largest product's operands.
   Precision precision = Precision::kFp32;
+  // GRPO's sampler, held while a round is generated: the policy's weights for the decoder
+  // (DecodeWeights::Bytes, adapters merged), the gathered trainable tensors they are built from
+  // and the decoder's KV cache and scratch for the sequences in flight (the caller's sum; 0 for
+  // other objectives).
+  double rollout_bytes = 0;
 };
 
 // One worker of shape.world with a per-worker batch of shape.batch x shape.seq tokens.

@@ -78,6 +78,25 @@ TokenBatch CompletionRows(const PromptSet& prompts, const std::vector<int64_t>& 
 
 }  // namespace
 
+int64_t SequencesInFlight(int64_t sequences, int64_t G, int64_t max_in_flight) {
+  return std::max<int64_t>(G, std::min<int64_t>(sequences, max_in_flight / G * G));
+}
+
+double GrpoSamplerBytes(const Gemma4Config& cfg, const ParamRegistry& reg,
+                        const std::vector<bool>& trainable, int64_t prompt_len,
+                        int64_t max_completion_length, int64_t sequences_per_round, int64_t G,
+                        Precision precision) {
+  double gathered = 0;
+  for (int e = 0; e < reg.layout.size(); ++e)
+    if (trainable[static_cast<size_t>(e)])
+      gathered += 4.0 * static_cast<double>(reg.layout.entry(e).numel);
+  const DType storage = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  const int64_t in_flight = SequencesInFlight(sequences_per_round, G);
+  return DecodeWeights::Bytes(reg, storage) + gathered +
+         Gemma4Decoder::Bytes(cfg, prompt_len + max_completion_length, 128, in_flight) +
+         4.0 * static_cast<double>(in_flight + 1) * static_cast<double>(cfg.vocab_size);
+}
+
 StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
                                    std::span<const StepRows> micro, TrainState& state,
                                    bool new_round) {
@@ -116,8 +135,8 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
       prompts.emplace_back(ids, ids + run.prompts->prompts.length(e));
       longest = std::max(longest, run.prompts->prompts.length(e));
     }
-    const int64_t in_flight = std::max<int64_t>(
-        G, std::min<int64_t>(static_cast<int64_t>(prompts.size()) * G, run.max_in_flight / G * G));
+    const int64_t in_flight =
+        SequencesInFlight(static_cast<int64_t>(prompts.size()) * G, G, run.max_in_flight);
     Gemma4Decoder decoder(run.config, reg, weights, longest + o.max_completion_length, 128,
                           run.precision, in_flight);
     RolloutOptions ro = run.rollout;

@@ -52,6 +52,19 @@ struct GrpoRun {
   nlohmann::json round_completions;  // --log-completions: this rank's first ones, with rewards
 };
 
+// The sequences decoded together for `sequences` completions in groups of G: whole groups, at
+// most max_in_flight (64 by default; at least one group).
+int64_t SequencesInFlight(int64_t sequences, int64_t G, int64_t max_in_flight = 64);
+
+// Bytes a round's sampler holds on a worker (the memory plan's term): the decoder's copy of the
+// policy (DecodeWeights, in bf16 with --precision bf16), the gathered trainable tensors it is
+// built from, and the KV cache and scratch of SequencesInFlight sequences of prompt_len +
+// max_completion_length tokens.
+double GrpoSamplerBytes(const Gemma4Config& cfg, const ParamRegistry& reg,
+                        const std::vector<bool>& trainable, int64_t prompt_len,
+                        int64_t max_completion_length, int64_t sequences_per_round, int64_t G,
+                        Precision precision);
+
 // new_round: sample and score (the first step of a round), else reuse run.round.
 StatusOr<StepResult> GrpoTrainStep(const StepParts& parts, GrpoRun& run,
                                    std::span<const StepRows> micro, TrainState& state,
