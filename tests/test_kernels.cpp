@@ -832,5 +832,39 @@ TEST(FiniteDifference, Embedding) {
   ExpectDirectionalDerivative(f, table, g, 79);
 }
 
+// The batched decoder's few-row product (cpu::LinearForwardFew): every row count from 2 to
+// kFewRows, widths that are and are not multiples of 16 (the AVX-512 path and the plain one),
+// an odd number of output rows, fp32 and bf16 weights, against double-precision dot products
+// (tolerance 1e-5 relative to the sum of |terms|: fp32 accumulation over `in` terms).
+TEST(Kernels, FewRowProductEqualsTheDotProducts) {
+  for (const int64_t in : {48, 37, 512}) {
+    const int64_t out = 23;
+    const std::vector<float> w = RandomVec(out * in, 3);
+    std::vector<uint16_t> w16(w.size());
+    std::vector<float> w_rounded(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = FloatToBF16(w[i]);
+      w_rounded[i] = BF16ToFloat(w16[i]);
+    }
+    for (int64_t N = 2; N <= cpu::kFewRows; ++N) {
+      const std::vector<float> x = RandomVec(N * in, 4 + N);
+      std::vector<float> y(N * out), y16(N * out);
+      cpu::LinearForwardFew(x.data(), w.data(), y.data(), N, in, out);
+      cpu::LinearForwardFew(x.data(), w16.data(), y16.data(), N, in, out);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t o = 0; o < out; ++o) {
+          double want = 0, want16 = 0, mag = 0;
+          for (int64_t j = 0; j < in; ++j) {
+            want += static_cast<double>(x[t * in + j]) * w[o * in + j];
+            want16 += static_cast<double>(x[t * in + j]) * w_rounded[o * in + j];
+            mag += std::abs(static_cast<double>(x[t * in + j]) * w[o * in + j]);
+          }
+          EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
+          EXPECT_NEAR(y16[t * out + o], want16, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
+        }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace st

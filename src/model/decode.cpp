@@ -418,6 +418,15 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
 
 void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
                            float alpha) {
+  if (n > 1 && n <= cpu::kFewRows && (w_.f32(e) || !w_.rows(e))) {
+    // A batched step (or a short chunk): each weight row read once for the n rows.
+    if (const float* w = w_.f32(e))
+      cpu::LinearForwardFew(x, w, y, n, in, out);
+    else
+      cpu::LinearForwardFew(x, w_.bf16(e), y, n, in, out);
+    if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
+    return;
+  }
   if (precision_ == Precision::kBf16 && n > 1) {  // a prompt chunk: one bf16 product
     if (const uint16_t* w16 = w_.bf16(e)) {
       cpu::RoundToBf16(x, n, in, in, x16_.data());

@@ -36,6 +36,16 @@ inline int64_t Bf16ScratchFloats(int64_t in) {
 void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                        int64_t out, float* scratch);
 
+// y[N,out] = x[N,in] . w[out,in]^T for a few rows (2 <= N <= kFewRows), w in fp32 or bf16
+// (widened exactly): each weight row is read once for all N rows of x, which stay in cache. The
+// batched decoder's steps: a GEMM library first copies (packs) the whole weight matrix for a
+// handful of rows, which costs more than the product (docs/grpo.md has the measurement).
+constexpr int64_t kFewRows = 16;
+void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64_t in,
+                      int64_t out);
+void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
+                      int64_t out);
+
 // Threads used by OpenMP regions and OpenBLAS for this process.
 void SetNumThreads(int n);
 int NumThreads();
