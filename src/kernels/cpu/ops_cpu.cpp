@@ -145,22 +145,46 @@ inline float Widen(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_
 // GCC 12 warns inside _mm512_reduce_add_ps (a false positive, as above).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#ifdef __AVX512F__
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// y[k * ldy + {0, 1}] = x row k . w rows r0, r1 for k < TN (r1 written only when `two`).
+template <int TN, typename W>
+inline void FewRowsTile(const W* r0, const W* r1, const float* x, int64_t in, float* y,
+                        int64_t ldy, bool two) {
+  __m512 a0[TN], a1[TN];
+  for (int k = 0; k < TN; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < in; j += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(r0 + j + 512), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(r1 + j + 512), _MM_HINT_T0);
+    const __m512 w0 = Load16(r0 + j), w1 = Load16(r1 + j);
+    for (int k = 0; k < TN; ++k) {
+      const __m512 xv = _mm512_loadu_ps(x + k * in + j);
+      a0[k] = _mm512_fmadd_ps(w0, xv, a0[k]);
+      a1[k] = _mm512_fmadd_ps(w1, xv, a1[k]);
+    }
+  }
+  for (int k = 0; k < TN; ++k) {
+    y[k * ldy] = _mm512_reduce_add_ps(a0[k]);
+    if (two) y[k * ldy + 1] = _mm512_reduce_add_ps(a1[k]);
+  }
+}
+#endif
+
 template <typename W>
 void LinearForwardFewRows(const float* x, const W* w, float* y, int64_t N, int64_t in,
                           int64_t out) {
   ST_CHECK(N >= 1 && N <= kFewRows) << "LinearForwardFew of " << N << " rows";
 #ifdef __AVX512F__
   if (in % 16 == 0) {
-    // Two weight rows against up to eight x rows per pass: 16 accumulators in registers, each
-    // 16-float step loads 2 weight and up to 8 x vectors for 16 FMAs; the x rows stay in L1/L2.
-    auto load = [](const W* p) {
-      if constexpr (std::is_same_v<W, float>) {
-        return _mm512_loadu_ps(p);
-      } else {
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      }
-    };
+    // Two weight rows against up to eight x rows per pass: 2 x TN accumulators in registers
+    // (TN a compile-time count, so none spills), each 16-float step loading 2 weight and TN x
+    // vectors for 2 x TN FMAs; the x rows stay in L1/L2, the weights stream once.
     const int64_t pairs = (out + 1) / 2;
 #pragma omp parallel for schedule(static) if (out * in > (1 << 15))
     for (int64_t b = 0; b < pairs; ++b) {
@@ -169,20 +193,17 @@ void LinearForwardFewRows(const float* x, const W* w, float* y, int64_t N, int64
       const W* r0 = w + o * in;
       const W* r1 = two ? r0 + in : r0;
       for (int64_t t0 = 0; t0 < N; t0 += 8) {
-        const int64_t tn = std::min<int64_t>(8, N - t0);
-        __m512 a0[8], a1[8];
-        for (int k = 0; k < 8; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < in; j += 16) {
-          const __m512 w0 = load(r0 + j), w1 = load(r1 + j);
-          for (int64_t k = 0; k < tn; ++k) {
-            const __m512 xv = _mm512_loadu_ps(x + (t0 + k) * in + j);
-            a0[k] = _mm512_fmadd_ps(w0, xv, a0[k]);
-            a1[k] = _mm512_fmadd_ps(w1, xv, a1[k]);
-          }
-        }
-        for (int64_t k = 0; k < tn; ++k) {
-          y[(t0 + k) * out + o] = _mm512_reduce_add_ps(a0[k]);
-          if (two) y[(t0 + k) * out + o + 1] = _mm512_reduce_add_ps(a1[k]);
+        const float* xt = x + t0 * in;
+        float* yt = y + t0 * out + o;
+        switch (std::min<int64_t>(8, N - t0)) {
+          case 1: FewRowsTile<1>(r0, r1, xt, in, yt, out, two); break;
+          case 2: FewRowsTile<2>(r0, r1, xt, in, yt, out, two); break;
+          case 3: FewRowsTile<3>(r0, r1, xt, in, yt, out, two); break;
+          case 4: FewRowsTile<4>(r0, r1, xt, in, yt, out, two); break;
+          case 5: FewRowsTile<5>(r0, r1, xt, in, yt, out, two); break;
+          case 6: FewRowsTile<6>(r0, r1, xt, in, yt, out, two); break;
+          case 7: FewRowsTile<7>(r0, r1, xt, in, yt, out, two); break;
+          default: FewRowsTile<8>(r0, r1, xt, in, yt, out, two); break;
         }
       }
     }
