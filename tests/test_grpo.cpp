@@ -120,16 +120,22 @@ TEST(GrpoGolden, LossGradientAndMetricsOfEveryLossTypeEqualTrl) {
     norm.global_tokens = c["num_items_in_batch"].get<double>();
     std::vector<double> sums(GrpoLossMetricNames().size(), 0.0);
     std::vector<float> weights(logp.size(), 7.0f);
-    GrpoTokenLoss(o, t, norm, sums, weights.data());
+    GrpoClipExtremes extremes;
+    GrpoTokenLoss(o, t, norm, sums, weights.data(), &extremes);
     const double want = c["loss"].get<double>();
     EXPECT_NEAR(sums[0], want, 1e-5 * std::max(1.0, std::abs(want)));
     const std::vector<float> grad = Flat(c["grad"]);
     for (size_t i = 0; i < grad.size(); ++i)
       EXPECT_NEAR(-weights[i], grad[i], 1e-5 * std::max(1.0f, std::abs(grad[i]))) << "token " << i;
-    for (const auto& [name, value] : FinishGrpoMetrics(o, sums)) {
+    // Every metric TRL logs from _compute_loss (entropy aside: its goldens inject none), the
+    // clip extremes of the one micro-batch of one process included.
+    int found = 0;
+    for (const auto& [name, value] : FinishGrpoMetrics(o, sums, {extremes})) {
+      ++found;
       ASSERT_TRUE(c["metrics"].contains(name)) << name;
       ExpectNear(value, c["metrics"][name], 1e-5, name);
     }
+    EXPECT_EQ(found, static_cast<int>(c["metrics"].size())) << c["metrics"].dump();
   }
 }
 
@@ -283,8 +289,8 @@ TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
   const auto steps = Records(dir + "/learn", "step");
   ASSERT_EQ(steps.size(), 32u);  // 32 prompts, 2 a micro-batch on each of 2 workers, 4 epochs
   for (const char* k : {"reward", "reward_std", "frac_reward_zero_std", "rewards/reward.sh/mean",
-                        "completions/mean_length", "completions/clipped_ratio",
-                        "clip_ratio/region_mean"})
+                        "completions/mean_length", "completions/clipped_ratio", "entropy",
+                        "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max"})
     EXPECT_TRUE(steps[0].contains(k)) << k << " in " << steps[0].dump();
   // --log-completions 2: two of rank 0's completions with their rewards on every step (each
   // step starts a round here), printed too.

@@ -490,18 +490,30 @@ TEST(Engine, LogitTemperatureScalesTheLogProbsAndTheirGradient) {
   MicroBatch mb = MakeBatch(c, B, T, 22);
   Batch batch = mb.Get(B, T);
   engine.SetLogitTemperature(t);
+  engine.SetComputeEntropy(true);
   engine.Forward(params.data(), batch);
-  std::vector<float> lp(B * T), logits(B * T * V);
+  std::vector<float> lp(B * T), ent(B * T), logits(B * T * V);
   engine.TargetLogProbs(lp.data());
+  engine.TargetEntropies(ent.data());
   engine.ComputeLogits(params.data(), logits.data());
+  int checked = 0;
   for (int64_t n = 0; n + 1 < B * T; ++n) {
     if ((n + 1) % T == 0 || batch.labels[n + 1] == -100) continue;
     const float* z = logits.data() + n * V;
-    double m = -1e300, s = 0;
+    double m = -1e300, s = 0, e = 0;
     for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(z[v]) / t);
-    for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(z[v]) / t - m);
+    for (int64_t v = 0; v < V; ++v) {
+      const double p = std::exp(static_cast<double>(z[v]) / t - m);
+      s += p;
+      e += p * (static_cast<double>(z[v]) / t);
+    }
     EXPECT_NEAR(lp[n + 1], z[batch.labels[n + 1]] / t - m - std::log(s), 2e-4) << n;
+    // The entropy -sum p log p = lse - E_p[z / t] (GRPO's `entropy` metric).
+    EXPECT_NEAR(ent[n + 1], m + std::log(s) - e / s, 2e-4) << n;
+    ++checked;
   }
+  EXPECT_GT(checked, 10);
+  engine.SetComputeEntropy(false);
   Rng rng(9);
   std::vector<float> w(B * T);
   for (float& x : w) x = static_cast<float>(rng.Normal());

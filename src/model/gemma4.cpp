@@ -292,6 +292,7 @@ ActivationPlan ActivationPlan::Build(const Gemma4Config& cfg, int64_t B, int64_t
   plan.head_lse = l.Add("head.lse", {N});
   plan.head_sum = l.Add("head.sum", {N});
   plan.head_zt = l.Add("head.zt", {N});
+  plan.head_ez = l.Add("head.ez", {N});
   const int64_t LP = std::max<int64_t>(P, 1) * std::max<int64_t>(L, 1);
   plan.dp2 = l.Add("grad.dp2", {N, LP});  // also the forward's PLE scratch
   if (options.lora.enabled()) {
@@ -607,6 +608,13 @@ void Gemma4Engine::HeadRowsLse(const float* y, int64_t r0, int64_t rows, int64_t
     float s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < c; ++j) s += cpu::FastExp(z[j] * it - m);
+    if (entropy_) {  // sum of exp(z - m) z, rescaled as the sum is
+      float e = 0;
+#pragma omp simd reduction(+ : e)
+      for (int64_t j = 0; j < c; ++j) e += cpu::FastExp(z[j] * it - m) * (z[j] * it);
+      float* ez = Act(plan_.head_ez);
+      ez[n] = ez[n] * cpu::FastExp(mx[n] - m) + e;
+    }
     sum[n] = sum[n] * cpu::FastExp(mx[n] - m) + s;
     mx[n] = m;
     const int64_t target = targets_[rows_[n]];
@@ -667,6 +675,7 @@ double Gemma4Engine::HeadLossForward(const ParamTable& t) {
   std::fill(mx, mx + Nv, -INFINITY);
   std::fill(Act(plan_.head_sum), Act(plan_.head_sum) + Nv, 0.0f);
   std::fill(Act(plan_.head_zt), Act(plan_.head_zt) + Nv, 0.0f);
+  if (entropy_) std::fill(Act(plan_.head_ez), Act(plan_.head_ez) + Nv, 0.0f);
   if (const float* head = CachedHead(t)) {  // one tile: every row, the whole vocabulary
     const int64_t V = cfg_.vocab_size;
     OpsFor(backend_, options_.precision)
@@ -770,6 +779,31 @@ void Gemma4Engine::TargetLogProbs(float* out) const {
   const float* lse = Act(plan_.head_lse);
   const float* zt = Act(plan_.head_zt);
   for (size_t n = 0; n < rows_.size(); ++n) out[rows_[n] + 1] = zt[n] - lse[n];
+}
+
+void Gemma4Engine::TargetEntropies(float* out) const {
+  ST_CHECK(entropy_) << "TargetEntropies needs SetComputeEntropy(true) before the forward";
+  std::fill(out, out + last_N_, 0.0f);
+  if (options_.whole_logits || backend_ == Backend::kRef) {
+    const int64_t V = cfg_.vocab_size;
+    for (int64_t n = 0; n + 1 < last_N_; ++n) {
+      if (targets_[n] == -100) continue;
+      const float* z = whole_logits_.data() + n * V;
+      double m = -INFINITY, s = 0, e = 0;
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(z[v]));
+      for (int64_t v = 0; v < V; ++v) {
+        const double p = std::exp(static_cast<double>(z[v]) - m);
+        s += p;
+        e += p * z[v];
+      }
+      out[n + 1] = static_cast<float>(m + std::log(s) - e / s);
+    }
+    return;
+  }
+  const float* lse = Act(plan_.head_lse);
+  const float* sum = Act(plan_.head_sum);
+  const float* ez = Act(plan_.head_ez);
+  for (size_t n = 0; n < rows_.size(); ++n) out[rows_[n] + 1] = lse[n] - ez[n] / sum[n];
 }
 
 void Gemma4Engine::ComputeLogits(const float* params, float* out) {

@@ -148,6 +148,7 @@ struct ActivationPlan {
   // The head's compacted target rows and their gradient [N,d], one tile of logits [rows, block],
   // and per row the running maximum (then log-sum-exp), running sum and target logit [N].
   int head_h = -1, head_dh = -1, head_y = -1, head_lse = -1, head_sum = -1, head_zt = -1;
+  int head_ez = -1;  // per row: sum of exp(z - max) z, for the entropy (SetComputeEntropy)
   int head_cache = -1;  // [N, V] the forward's logits, when small (kHeadCacheBytes); = head_y
   // Backward scratch (shared by all layers).
   int dx = -1, dn = -1, dh = -1, dq = -1, dout = -1, df1 = -1, df2 = -1, dp1 = -1, dp2 = -1,
@@ -199,6 +200,9 @@ class Gemma4Engine {
   // `temperature` (TRL's GRPO computes the policy's log-probs at the sampling temperature); 1 by
   // default. Only the tiled head (not the whole-logits oracle) applies it.
   void SetLogitTemperature(float temperature) { inv_temperature_ = 1.0f / temperature; }
+  // The forward also keeps each target row's entropy of the softmax (over the tempered logits):
+  // TargetEntropies reads them (GRPO's `entropy` metric). Off by default.
+  void SetComputeEntropy(bool on) { entropy_ = on; }
 
   // Runs the model up to the final norm and, with labels, the loss (the head in tiles: no logits
   // are kept). Only a training engine can run Backward after it.
@@ -220,6 +224,9 @@ class Gemma4Engine {
   // Call it before that Forward's Backward (the whole-logits oracle turns its logits into
   // gradients in place).
   void TargetLogProbs(float* out) const;
+  // The entropy of the predicted distribution at each label's position, aligned as
+  // TargetLogProbs (0 where there is no target); needs SetComputeEntropy(true) before Forward.
+  void TargetEntropies(float* out) const;
 
   // The softcapped logits [B*T, V] of the last Forward into `out` (for tests and tools that
   // compare logits; training never builds them).
@@ -290,6 +297,7 @@ class Gemma4Engine {
   bool dropout_on_ = true;
   bool adapters_on_ = true;
   float inv_temperature_ = 1.0f;
+  bool entropy_ = false;
   std::vector<float> row_w_;  // [rows_] the batch's loss weights per compacted row
   // RoPE tables [max_T, D/2] for sliding and full layers.
   std::vector<float> cos_s_, sin_s_, cos_f_, sin_f_;

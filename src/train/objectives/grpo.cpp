@@ -38,7 +38,7 @@ double NanStd(const std::vector<double>& x, size_t begin, size_t end) {
 // torch.isclose(x, 0): |x| <= 1e-8 (atol; rtol times 0 adds nothing); NaN is not close.
 bool IsCloseToZero(double x) { return std::abs(x) <= 1e-8; }
 
-enum Sum { kLoss, kKl, kTokens, kLow, kHigh, kRegion, kSums };
+enum Sum { kLoss, kKl, kTokens, kLow, kHigh, kRegion, kEntropy, kEntropyTokens, kSums };
 
 }  // namespace
 
@@ -129,12 +129,13 @@ GroupAdvantagesResult GroupAdvantages(const std::vector<std::vector<double>>& re
 
 const std::vector<std::string>& GrpoLossMetricNames() {
   static const std::vector<std::string> names = {
-      "loss", "kl_sum", "tokens", "clip_low_sum", "clip_high_sum", "clip_region_sum"};
+      "loss",          "kl_sum",          "tokens",      "clip_low_sum",
+      "clip_high_sum", "clip_region_sum", "entropy_sum", "entropy_tokens"};
   return names;
 }
 
 void GrpoTokenLoss(const GrpoOptions& o, const GrpoTokens& in, const GrpoNorm& norm,
-                   std::vector<double>& sums, float* weights) {
+                   std::vector<double>& sums, float* weights, GrpoClipExtremes* extremes) {
   ST_CHECK(sums.size() == kSums) << "GrpoTokenLoss: " << sums.size() << " sums";
   const double lo = 1.0 - o.epsilon, hi = 1.0 + o.EpsilonHigh();
   const double share = 1.0 / static_cast<double>(norm.world * norm.micro_batches);
@@ -154,6 +155,7 @@ void GrpoTokenLoss(const GrpoOptions& o, const GrpoTokens& in, const GrpoNorm& n
     else  // dapo: the step's tokens over every rank (TRL's num_items_in_batch)
       f = 1.0 / std::max(1.0, norm.global_tokens);
     const double A = in.advantages[b];
+    double row_low = 0, row_high = 0;
     for (int64_t t = 0; t < in.T; ++t) {
       const int64_t k = b * in.T + t;
       if (weights) weights[k] = 0.0f;
@@ -185,19 +187,43 @@ void GrpoTokenLoss(const GrpoOptions& o, const GrpoTokens& in, const GrpoNorm& n
       sums[kLow] += low;
       sums[kHigh] += high;
       sums[kRegion] += low || high;
+      row_low += low;
+      row_high += high;
+      if (in.entropy) {
+        sums[kEntropy] += in.entropy[k];
+        sums[kEntropyTokens] += 1;
+      }
       if (weights) weights[k] = static_cast<float>(-f * grad);
+    }
+    if (extremes && row_tokens > 0) {
+      extremes->low_min = std::min(extremes->low_min, row_low / row_tokens);
+      extremes->high_max = std::max(extremes->high_max, row_high / row_tokens);
     }
   }
 }
 
-std::vector<std::pair<std::string, double>> FinishGrpoMetrics(const GrpoOptions& o,
-                                                              const std::vector<double>& sums) {
+std::vector<std::pair<std::string, double>> FinishGrpoMetrics(
+    const GrpoOptions& o, const std::vector<double>& sums,
+    const std::vector<GrpoClipExtremes>& extremes) {
   const double n = std::max(1.0, sums[kTokens]);
   std::vector<std::pair<std::string, double>> m;
   if (o.beta != 0) m.emplace_back("kl", sums[kKl] / n);
+  if (sums[kEntropyTokens] > 0) m.emplace_back("entropy", sums[kEntropy] / sums[kEntropyTokens]);
   m.emplace_back("clip_ratio/low_mean", sums[kLow] / n);
   m.emplace_back("clip_ratio/high_mean", sums[kHigh] / n);
   m.emplace_back("clip_ratio/region_mean", sums[kRegion] / n);
+  if (!extremes.empty()) {
+    // The mean over micro-batches of each one's extreme (TRL logs one per _compute_loss call);
+    // a micro-batch with no completion token on any rank has none (NaN in TRL) and is skipped.
+    double lo = 0, hi = 0;
+    int64_t nlo = 0, nhi = 0;
+    for (const GrpoClipExtremes& e : extremes) {
+      if (std::isfinite(e.low_min)) lo += e.low_min, ++nlo;
+      if (std::isfinite(e.high_max)) hi += e.high_max, ++nhi;
+    }
+    m.emplace_back("clip_ratio/low_min", nlo ? lo / static_cast<double>(nlo) : kNaN);
+    m.emplace_back("clip_ratio/high_max", nhi ? hi / static_cast<double>(nhi) : kNaN);
+  }
   return m;
 }
 

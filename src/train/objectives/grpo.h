@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,15 @@ struct GrpoTokens {
   const float* ref_logp = nullptr;  // the reference's (beta > 0), else null
   const uint8_t* mask = nullptr;    // 1 = a completion token the loss covers
   const double* advantages = nullptr;  // [B]
+  const float* entropy = nullptr;   // the policy's entropy per token, for the metric; or null
+};
+
+// The extremes over one micro-batch's completions of their clipped-token fractions (TRL's
+// clip_ratio/low_min and high_max; completions with no token left out): reduced over ranks with
+// MIN and MAX, then averaged over the step's micro-batches as TRL's logging averages its calls.
+struct GrpoClipExtremes {
+  double low_min = std::numeric_limits<double>::infinity();
+  double high_max = -std::numeric_limits<double>::infinity();
 };
 
 // How a micro-batch's loss is normalised so that the step's loss is TRL's, averaged over ranks
@@ -80,12 +90,14 @@ const std::vector<std::string>& GrpoLossMetricNames();
 // give the step's values after FinishGrpoMetrics), and writes -d loss / d logp into weights [B*T]
 // when not null.
 void GrpoTokenLoss(const GrpoOptions& o, const GrpoTokens& in, const GrpoNorm& norm,
-                   std::vector<double>& sums, float* weights);
+                   std::vector<double>& sums, float* weights, GrpoClipExtremes* extremes = nullptr);
 
 // The step's metrics from the summed `sums`: (name, value) pairs as TRL logs them (kl when
-// beta > 0, clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean); the loss is
-// sums[0].
-std::vector<std::pair<std::string, double>> FinishGrpoMetrics(const GrpoOptions& o,
-                                                              const std::vector<double>& sums);
+// beta > 0, entropy when the tokens carried it, clip_ratio/low_mean, clip_ratio/high_mean,
+// clip_ratio/region_mean, and with `extremes` (already reduced over ranks, one per micro-batch)
+// clip_ratio/low_min and clip_ratio/high_max); the loss is sums[0].
+std::vector<std::pair<std::string, double>> FinishGrpoMetrics(
+    const GrpoOptions& o, const std::vector<double>& sums,
+    const std::vector<GrpoClipExtremes>& extremes = {});
 
 }  // namespace st

@@ -284,11 +284,15 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
   std::vector<uint8_t> mask;
   p.engine.SetLogitTemperature(static_cast<float>(
       run.rollout.sampling.temperature > 0 ? run.rollout.sampling.temperature : 1.0));
+  p.engine.SetComputeEntropy(true);
+  std::vector<float> entropy;
+  std::vector<GrpoClipExtremes> extremes(run.round.size());
   Status status = Status::Ok();
   for (size_t k = 0; k < run.round.size(); ++k) {
     const GrpoRun::Micro& mb = run.round[k];
     const size_t n = static_cast<size_t>(mb.batch.B * mb.batch.T);
     logp.assign(n, 0.0f);
+    entropy.assign(n, 0.0f);
     weights.assign(n, 0.0f);
     mask.resize(n);
     for (size_t i = 0; i < n; ++i) mask[i] = mb.batch.labels[i] != kIgnoreIndex;
@@ -299,6 +303,7 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
     m.sync = p.sync_each_batch || k + 1 == run.round.size();
     m.after_forward = [&]() -> Status {
       p.engine.TargetLogProbs(logp.data());
+      p.engine.TargetEntropies(entropy.data());
       GrpoTokens t;
       t.B = mb.batch.B;
       t.T = mb.batch.T;
@@ -307,22 +312,37 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
       t.ref_logp = mb.ref_logp.empty() ? nullptr : mb.ref_logp.data();
       t.mask = mask.data();
       t.advantages = mb.advantages.data();
-      GrpoTokenLoss(o, t, norm, sums, weights.data());
+      t.entropy = entropy.data();
+      GrpoTokenLoss(o, t, norm, sums, weights.data(), &extremes[k]);
       return Status::Ok();
     };
     status = p.fsdp.ForwardBackward(p.engine, b, m).status();
     if (!status.ok()) break;
   }
   p.engine.SetLogitTemperature(1.0f);
+  p.engine.SetComputeEntropy(false);
   ST_RETURN_IF_ERROR(status);
   std::vector<float> f(sums.begin(), sums.end());
   ST_RETURN_IF_ERROR(p.pg.AllReduce(f.data(), static_cast<int64_t>(f.size()), DType::kF32,
                                     comm::ReduceOp::kSum, p.collective));
   sums.assign(f.begin(), f.end());
+  // Each micro-batch's clip extremes over every rank's completions (MIN and MAX all-reduces).
+  std::vector<float> lo, hi;
+  for (const GrpoClipExtremes& e : extremes) {
+    lo.push_back(static_cast<float>(e.low_min));
+    hi.push_back(static_cast<float>(e.high_max));
+  }
+  const int64_t K = static_cast<int64_t>(lo.size());
+  ST_RETURN_IF_ERROR(
+      p.pg.AllReduce(lo.data(), K, DType::kF32, comm::ReduceOp::kMin, p.collective));
+  ST_RETURN_IF_ERROR(
+      p.pg.AllReduce(hi.data(), K, DType::kF32, comm::ReduceOp::kMax, p.collective));
+  for (size_t k = 0; k < extremes.size(); ++k) extremes[k] = {lo[k], hi[k]};
   out.loss = sums[0];
   out.objective_metrics = run.round_metrics;
   if (new_round && p.pg.rank() == 0) out.completions = run.round_completions;
-  for (auto& kv : FinishGrpoMetrics(o, sums)) out.objective_metrics.push_back(std::move(kv));
+  for (auto& kv : FinishGrpoMetrics(o, sums, extremes))
+    out.objective_metrics.push_back(std::move(kv));
   ST_RETURN_IF_ERROR(FinishStep(p, s0, s1, c0, wait0, state, out));
   return out;
 }
