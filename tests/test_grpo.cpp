@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -139,17 +140,27 @@ TEST(GrpoGolden, LossGradientAndMetricsOfEveryLossTypeEqualTrl) {
   }
 }
 
+// gemma4-tiny's seeded initialisation, held for decoding (fp32).
+struct TinyModel {
+  Gemma4Config config = PresetConfig("gemma4-tiny").value();
+  ParamRegistry registry = BuildParamRegistry(config);
+  std::vector<float> params = Init(config, registry);
+  ArenaWeights source{registry, params.data()};
+  DecodeWeights weights{registry, source};
+  static std::vector<float> Init(const Gemma4Config& c, const ParamRegistry& reg) {
+    std::vector<float> p(static_cast<size_t>(reg.layout.total()));
+    InitParams(c, reg, p.data(), 5);
+    return p;
+  }
+};
+
 // Greedy rollouts: each prompt's G completions are the sequence decoded alone (all equal, as
 // greedy is deterministic), a stop token ends one (kept), the length limit truncates the others.
 TEST(Rollout, GreedyGroupsEqualEachPromptDecodedAloneAndStopsAsTrlMarks) {
-  StatusOr<Gemma4Config> pc = PresetConfig("gemma4-tiny");
-  ASSERT_TRUE(pc.ok());
-  const Gemma4Config c = *pc;
-  const ParamRegistry reg = BuildParamRegistry(c);
-  std::vector<float> params(static_cast<size_t>(reg.layout.total()));
-  InitParams(c, reg, params.data(), 5);
-  const ArenaWeights source(reg, params.data());
-  const DecodeWeights weights(reg, source);
+  const TinyModel m;
+  const Gemma4Config& c = m.config;
+  const ParamRegistry& reg = m.registry;
+  const DecodeWeights& weights = m.weights;
   const std::vector<std::vector<int32_t>> prompts = {{2, 17, 99, 4}, {2, 5}, {2, 300, 301, 302, 9}};
   RolloutOptions o;
   o.num_generations = 3;
@@ -192,17 +203,100 @@ TEST(Rollout, GreedyGroupsEqualEachPromptDecodedAloneAndStopsAsTrlMarks) {
   }
 }
 
+// Multi-turn rollouts: a model turn that ends at a stop token is answered by the environment's
+// tokens (fed to that sequence alone, marked as not sampled), then the model's next turn is what
+// decoding the whole sequence alone gives; --max-turns bounds the turns, an episode the
+// environment ends stops there, and a turn that does not fit truncates the completion.
+TEST(Rollout, EnvironmentTurnsAreFedAndTheModelAnswersAgain) {
+  const TinyModel m;
+  const Gemma4Config& c = m.config;
+  const ParamRegistry& reg = m.registry;
+  const DecodeWeights& weights = m.weights;
+  auto greedy_alone = [&](const std::vector<int32_t>& ids, int n) {
+    Gemma4Decoder one(c, reg, weights, 64, 8);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    EXPECT_TRUE(one.Append(ids, logits.data()).ok());
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (i + 1 < n) {
+        EXPECT_TRUE(one.Append({&out.back(), 1}, logits.data()).ok());
+      }
+    }
+    return out;
+  };
+  const std::vector<int32_t> prompt = {2, 17, 99, 4};
+  const std::vector<int32_t> first = greedy_alone(prompt, 3);
+  RolloutOptions o;
+  o.num_generations = 2;
+  o.max_completion_length = 20;
+  o.max_turns = 3;
+  o.stops = {first[2]};  // the first turn ends at its third token
+  const std::vector<int32_t> env = {5, 6, 7};
+  int calls = 0;
+  const NextTurnFn next = [&](const std::vector<size_t>& ended, const std::vector<Completion>& all)
+      -> StatusOr<std::vector<std::optional<std::vector<int32_t>>>> {
+    ++calls;
+    std::vector<std::optional<std::vector<int32_t>>> out;
+    for (size_t i : ended) {
+      // Completion 0 gets a turn after each of its model turns; completion 1 ends at once.
+      if (i == 0)
+        out.push_back(env);
+      else
+        out.emplace_back();
+      EXPECT_EQ(all[i].ids.back(), first[2]);
+    }
+    return out;
+  };
+  Gemma4Decoder dec(c, reg, weights, 64, 8, Precision::kFp32, 2);
+  StatusOr<std::vector<Completion>> got = SampleCompletions(dec, {prompt}, o, next);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  const Completion& a = (*got)[0];
+  const Completion& b = (*got)[1];
+  EXPECT_GE(calls, 1);
+  // Completion 1: one turn, ended by the environment.
+  EXPECT_EQ(b.ids, first);
+  EXPECT_EQ(b.turns, 1);
+  EXPECT_FALSE(b.truncated);
+  // Completion 0: turn 1, the environment's tokens, turn 2 (decoded as the whole sequence alone
+  // would be), and so on up to 3 model turns or 20 tokens.
+  ASSERT_GE(a.ids.size(), first.size() + env.size() + 1);
+  EXPECT_EQ(std::vector<int32_t>(a.ids.begin(), a.ids.begin() + 3), first);
+  EXPECT_EQ(std::vector<int32_t>(a.ids.begin() + 3, a.ids.begin() + 6), env);
+  EXPECT_EQ(std::vector<uint8_t>(a.sampled.begin(), a.sampled.begin() + 6),
+            (std::vector<uint8_t>{1, 1, 1, 0, 0, 0}));
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), a.ids.begin(), a.ids.begin() + 6);
+  const size_t rest = std::min<size_t>(a.ids.size() - 6, 4);
+  const std::vector<int32_t> second = greedy_alone(seq, static_cast<int>(rest));
+  EXPECT_EQ(std::vector<int32_t>(a.ids.begin() + 6, a.ids.begin() + 6 + static_cast<int64_t>(rest)),
+            second);
+  EXPECT_GE(a.turns, 2);
+  EXPECT_LE(a.turns, 3);
+  EXPECT_EQ(a.sampled.size(), a.ids.size());
+  // One model turn allowed: the environment is never asked.
+  calls = 0;
+  o.max_turns = 1;
+  got = SampleCompletions(dec, {prompt}, o, next);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ((*got)[0].ids, first);
+  // A turn that does not fit: the completion is truncated after the model's turn.
+  o.max_turns = 3;
+  o.max_completion_length = 6;
+  got = SampleCompletions(dec, {prompt}, o, next);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].ids, first);
+  EXPECT_TRUE((*got)[0].truncated);
+}
+
 // Sampled groups differ within a group (temperature 1), are reproduced by the same seed and
 // changed by another.
 TEST(Rollout, SampledGroupsFollowTheSeed) {
-  StatusOr<Gemma4Config> pc = PresetConfig("gemma4-tiny");
-  ASSERT_TRUE(pc.ok());
-  const Gemma4Config c = *pc;
-  const ParamRegistry reg = BuildParamRegistry(c);
-  std::vector<float> params(static_cast<size_t>(reg.layout.total()));
-  InitParams(c, reg, params.data(), 5);
-  const ArenaWeights source(reg, params.data());
-  const DecodeWeights weights(reg, source);
+  const TinyModel m;
+  const Gemma4Config& c = m.config;
+  const ParamRegistry& reg = m.registry;
+  const DecodeWeights& weights = m.weights;
   const std::vector<std::vector<int32_t>> prompts = {{2, 17, 99, 4}, {2, 5}};
   RolloutOptions o;
   o.num_generations = 4;
@@ -393,6 +487,72 @@ TEST(Grpo, KilledInTheMiddleOfARoundResumesExactly) {
   EXPECT_TRUE(test::ReadFile(a + "/adapter_model.safetensors") ==
               test::ReadFile(b + "/adapter_model.safetensors"))
       << "the resumed run's adapter differs from the uninterrupted run's";
+}
+
+// Multi-turn end to end: a tiny model fine-tuned (SFT, gemma-chat) until it ends its turns,
+// then GRPO with an environment program that answers each first model turn with "Again?" and
+// ends the episode after the second: the logged completions are episodes of
+// assistant / user / assistant turns, and an environment that prints garbage stops the run with
+// one line naming it.
+TEST(Grpo, EnvironmentEpisodesAlternateTurns) {
+  const std::string dir = test::TempDir("grpo_env");
+  ASSERT_FALSE(dir.empty());
+  test::Ran r = test::RunCommand(std::string(ST_BINARY) + " finetune --data-dir " ST_SOURCE_DIR
+                                 "/data --template gemma-chat --num-epochs 4 --topology 1 "
+                                 "--max-seq-len 64 --no-dashboard --progress off --storage-path " +
+                                 dir + " --run-name sft");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string model = test::NewestCheckpoint(dir + "/sft");
+  ASSERT_FALSE(model.empty());
+  {
+    std::ofstream f(dir + "/conv.jsonl");
+    for (int i = 0; i < 8; ++i)
+      f << nlohmann::json({{"prompt", nlohmann::json::array({{{"role", "user"},
+                                                              {"content", "Name a color " +
+                                                                              std::to_string(i)}}})}})
+               .dump()
+        << "\n";
+    std::ofstream e(dir + "/env.sh");
+    e << "#!/bin/sh\n"
+         "while IFS= read -r line; do\n"
+         "  case \"$line\" in\n"
+         "    *'\"turn\":1,'*|*'\"turn\":1}'*) echo '{\"role\": \"user\", \"content\": \"Again?\"}' ;;\n"
+         "    *) echo null ;;\n"
+         "  esac\n"
+         "done\n";
+  }
+  const std::string job = std::string(ST_BINARY) + " finetune --data-dir " ST_SOURCE_DIR
+                          "/data --model-id " + model + " --dataset " + dir +
+                          "/conv.jsonl --objective grpo --reward overlong:40:20 "
+                          "--num-generations 2 --batch-size-per-device 4 "
+                          "--max-completion-length 40 --max-seq-len 48 --num-epochs 1 "
+                          "--topology 1 --lr 1e-5 --log-completions 4 --no-dashboard "
+                          "--progress off --storage-path " + dir;
+  r = test::RunCommand(job + " --environment-command 'sh " + dir + "/env.sh' --run-name env");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto steps = Records(dir + "/env", "step");
+  ASSERT_FALSE(steps.empty());
+  int episodes = 0;
+  for (const auto& s : steps)
+    for (const auto& c : s["completions"]) {
+      const nlohmann::json& turns = c["completion"];
+      ASSERT_TRUE(turns.is_array()) << c.dump();
+      ASSERT_FALSE(turns.empty());
+      EXPECT_EQ(turns[0]["role"], "assistant") << c.dump();
+      if (turns.size() >= 3) {
+        EXPECT_EQ(turns[1]["role"], "user");
+        EXPECT_EQ(turns[1]["content"], "Again?");
+        EXPECT_EQ(turns[2]["role"], "assistant");
+        EXPECT_LE(turns.size(), 3u) << "the environment ends the episode after turn 2";
+        ++episodes;
+      }
+    }
+  EXPECT_GT(episodes, 0) << "no completion ended its first turn within 40 tokens";
+  r = test::RunCommand(job + " --environment-command 'echo maybe; cat >/dev/null' --run-name bad");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("environment command 'echo maybe; cat >/dev/null' answered line 1"),
+            std::string::npos)
+      << r.out;
 }
 
 // A reward program that writes something that is not a number stops the run with one line

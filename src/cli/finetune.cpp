@@ -192,7 +192,9 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                          Num(o.epsilon), "--epsilon-high", Num(o.epsilon_high), "--scale-rewards",
                          o.scale_rewards, "--num-iterations", s(o.num_iterations),
                          "--reward-timeout", Num(o.reward_timeout), "--log-completions",
-                         s(o.log_completions)});
+                         s(o.log_completions), "--max-turns", s(o.max_turns)});
+  if (!o.environment_command.empty())
+    cmd.insert(cmd.end(), {"--environment-command", o.environment_command});
   if (o.mask_truncated_completions) cmd.push_back("--mask-truncated-completions");
   for (const std::string& r : o.rewards) cmd.insert(cmd.end(), {"--reward", r});
   for (const std::string& r : o.reward_commands) cmd.insert(cmd.end(), {"--reward-command", r});
@@ -682,6 +684,13 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                    "--reward-command ones (default 1 each)");
   grpo->add_option("--reward-timeout", o.reward_timeout,
                    "Seconds a reward program may take for one answer before the run stops")
+      ->capture_default_str();
+  grpo->add_option("--environment-command", o.environment_command,
+                   "Multi-turn episodes: a program (JSON lines, as a reward program) answering "
+                   "each finished model turn with the next user turn ({\"content\": ...}) or the "
+                   "end (null); the loss covers the model's turns only");
+  grpo->add_option("--max-turns", o.max_turns,
+                   "The most model turns of an episode with --environment-command")
       ->capture_default_str();
   grpo->add_option("--log-completions", o.log_completions,
                    "Completions (prompt, text, rewards, advantage) of the first worker printed "

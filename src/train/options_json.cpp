@@ -70,6 +70,8 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"reward_weights", o.reward_weights},
           {"reward_timeout", o.reward_timeout},
           {"log_completions", o.log_completions},
+          {"environment_command", o.environment_command},
+          {"max_turns", o.max_turns},
           {"label_smoothing", o.label_smoothing},
           {"precompute_ref_log_probs", o.precompute_ref_log_probs},
           {"freeze", o.freeze},

@@ -148,41 +148,46 @@ class ScopedSigpipeBlock {
   bool was_pending_ = false;
 };
 
-class CommandReward final : public RewardFunction {
+class LineProgram final : public JsonLinesProgram {
  public:
-  CommandReward(std::string command, double timeout_s)
-      : command_(std::move(command)), name_(ProgramName(command_)), timeout_s_(timeout_s) {}
-  ~CommandReward() override;
-  CommandReward(const CommandReward&) = delete;
-  CommandReward& operator=(const CommandReward&) = delete;
+  LineProgram(std::string command, double timeout_s, std::string what, std::string flag)
+      : command_(std::move(command)),
+        what_(std::move(what)),
+        flag_(std::move(flag)),
+        timeout_s_(timeout_s) {}
+  ~LineProgram() override;
+  LineProgram(const LineProgram&) = delete;
+  LineProgram& operator=(const LineProgram&) = delete;
 
-  const std::string& name() const override { return name_; }
-  StatusOr<std::vector<double>> Score(const std::vector<json>& inputs) override;
+  StatusOr<std::vector<std::string>> Ask(const std::vector<json>& inputs,
+                                         const AnswerCheck& check) override;
+  int64_t lines_read() const override { return lines_read_; }
+  std::string Quoted() const override { return StrCat(what_, " '", command_, "'"); }
+  Status Fail(Status s) override;
 
  private:
   Status Start();
   // Writes `lines` (line k starts at begins[k]) while reading one answer per line into `out`.
   Status Exchange(const std::string& lines, const std::vector<size_t>& begins,
-                  std::vector<double>* out);
-  // Moves the complete answer lines of buffered_ into `out` (at most `n` in all).
-  Status TakeAnswers(size_t n, std::vector<double>* out);
+                  std::vector<std::string>* out);
+  // Moves the complete answer lines of buffered_ into `out` (at most `n` in all), each checked.
+  Status TakeAnswers(size_t n, std::vector<std::string>* out);
+  AnswerCheck check_;  // the current Ask's
   // The error for a program whose stdout closed before it answered `completion`.
   Status ClosedError(size_t completion);
   // SIGKILLs the program's process group and reaps the program.
   void Kill();
-  Status Fail(Status s);
-  std::string Quoted() const { return StrCat("reward command '", command_, "'"); }
 
-  std::string command_, name_;
+  std::string command_, what_, flag_;
   double timeout_s_;
   pid_t pid_ = -1;
   Fd to_child_, from_child_;  // the program's stdin and stdout (our ends, non-blocking)
   std::string buffered_;      // read from the program, not yet taken as answers
   int64_t lines_read_ = 0;    // answer lines of the program's life so far
-  Status error_;              // once set, every Score returns it
+  Status error_;              // once set, every Ask returns it
 };
 
-CommandReward::~CommandReward() {
+LineProgram::~LineProgram() {
   if (pid_ <= 0) return;
   to_child_.Reset();  // EOF on its stdin: a well-behaved program ends now
   const Clock::time_point deadline = Clock::now() + std::chrono::seconds(1);
@@ -198,7 +203,7 @@ CommandReward::~CommandReward() {
   Kill();
 }
 
-void CommandReward::Kill() {
+void LineProgram::Kill() {
   if (pid_ > 0) {
     ::kill(-pid_, SIGKILL);  // the group: the shell and whatever it started
     while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
@@ -209,13 +214,13 @@ void CommandReward::Kill() {
   from_child_.Reset();
 }
 
-Status CommandReward::Fail(Status s) {
+Status LineProgram::Fail(Status s) {
   Kill();
   error_ = s;
   return s;
 }
 
-Status CommandReward::Start() {
+Status LineProgram::Start() {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0)
     return IoError(StrCat(Quoted(), ": pipe failed: ", std::strerror(errno)));
@@ -256,9 +261,11 @@ Status CommandReward::Start() {
   return Status::Ok();
 }
 
-StatusOr<std::vector<double>> CommandReward::Score(const std::vector<json>& inputs) {
+StatusOr<std::vector<std::string>> LineProgram::Ask(const std::vector<json>& inputs,
+                                                    const AnswerCheck& check) {
   if (!error_.ok()) return error_;
-  if (inputs.empty()) return std::vector<double>{};
+  check_ = check;
+  if (inputs.empty()) return std::vector<std::string>{};
   if (pid_ <= 0) {
     Status s = Start();
     if (!s.ok()) return Fail(s);
@@ -272,34 +279,35 @@ StatusOr<std::vector<double>> CommandReward::Score(const std::vector<json>& inpu
     lines += input.dump(-1, ' ', false, json::error_handler_t::replace);
     lines += '\n';
   }
-  std::vector<double> out;
+  std::vector<std::string> out;
   out.reserve(inputs.size());
   Status s = Exchange(lines, begins, &out);
   if (!s.ok()) return Fail(s);
   return out;
 }
 
-Status CommandReward::TakeAnswers(size_t n, std::vector<double>* out) {
+Status LineProgram::TakeAnswers(size_t n, std::vector<std::string>* out) {
   size_t pos = 0, nl = 0;
   Status status;
   while (out->size() < n && (nl = buffered_.find('\n', pos)) != std::string::npos) {
-    const std::string_view line(buffered_.data() + pos, nl - pos);
     ++lines_read_;
-    const std::optional<double> v = ParseAnswer(line);
-    if (!v) {
-      status = InvalidArgument(StrCat(Quoted(), " answered line ", lines_read_, " (completion ",
-                                      out->size(), ") with '", Shorten(Trim(line)),
-                                      "', not a number (nor null, None or nan)"));
-      break;
+    const std::string_view line = Trim(std::string_view(buffered_.data() + pos, nl - pos));
+    if (check_) {
+      const std::string why = check_(line);
+      if (!why.empty()) {
+        status = InvalidArgument(StrCat(Quoted(), " answered line ", lines_read_, " (completion ",
+                                        out->size(), ") with '", Shorten(line), "', ", why));
+        break;
+      }
     }
-    out->push_back(*v);
+    out->emplace_back(line);
     pos = nl + 1;
   }
   buffered_.erase(0, pos);
   return status;
 }
 
-Status CommandReward::ClosedError(size_t completion) {
+Status LineProgram::ClosedError(size_t completion) {
   // The program usually exits along with its stdout: give it a moment to, for its status.
   const Clock::time_point deadline = Clock::now() + std::chrono::seconds(1);
   siginfo_t info{};
@@ -322,8 +330,8 @@ Status CommandReward::ClosedError(size_t completion) {
 // Writes and reads at once (poll on both pipes), so that a program that answers each line as it
 // reads it never blocks on a full stdout pipe while we block on its full stdin pipe. The wait
 // for answer k starts when answer k - 1 has arrived and line k is being written.
-Status CommandReward::Exchange(const std::string& lines, const std::vector<size_t>& begins,
-                               std::vector<double>* out) {
+Status LineProgram::Exchange(const std::string& lines, const std::vector<size_t>& begins,
+                             std::vector<std::string>* out) {
   ScopedSigpipeBlock no_sigpipe;
   const size_t n = begins.size();
   const auto timeout =
@@ -341,7 +349,7 @@ Status CommandReward::Exchange(const std::string& lines, const std::vector<size_
         (k < lines_reached ? std::max(last_answer, reached[k]) : last_answer) + timeout;
     if (now >= deadline)
       return Unavailable(StrCat(Quoted(), " gave no answer for completion ", k, " within ",
-                                timeout_s_, " s (--reward-timeout)"));
+                                timeout_s_, " s (", flag_, ")"));
     const bool writing = stdin_open && written < lines.size();
     pollfd fds[2] = {{from_child_.get(), POLLIN, 0}, {to_child_.get(), POLLOUT, 0}};
     const auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
@@ -386,6 +394,30 @@ Status CommandReward::Exchange(const std::string& lines, const std::vector<size_
   }
   return Status::Ok();
 }
+
+// A reward program: LineProgram's answers read as numbers.
+class CommandReward final : public RewardFunction {
+ public:
+  CommandReward(const std::string& command, double timeout_s)
+      : name_(ProgramName(command)),
+        program_(command, timeout_s, "reward command", "--reward-timeout") {}
+  const std::string& name() const override { return name_; }
+  StatusOr<std::vector<double>> Score(const std::vector<json>& inputs) override {
+    ST_ASSIGN_OR_RETURN(const std::vector<std::string> lines,
+                        program_.Ask(inputs, [](std::string_view line) {
+                          return ParseAnswer(line) ? std::string()
+                                                   : std::string("not a number (nor null, None or nan)");
+                        }));
+    std::vector<double> out;
+    out.reserve(lines.size());
+    for (const std::string& line : lines) out.push_back(*ParseAnswer(line));
+    return out;
+  }
+
+ private:
+  std::string name_;
+  LineProgram program_;
+};
 
 // ---- the built-ins -----------------------------------------------------------------------------
 
@@ -668,6 +700,17 @@ StatusOr<std::unique_ptr<RewardFunction>> MakeCommandReward(const std::string& c
     return InvalidArgument(
         StrCat("--reward-timeout must be a number of seconds > 0, got ", timeout_s));
   return std::unique_ptr<RewardFunction>(std::make_unique<CommandReward>(command, timeout_s));
+}
+
+StatusOr<std::unique_ptr<JsonLinesProgram>> MakeJsonLinesProgram(const std::string& command,
+                                                                double timeout_s,
+                                                                const std::string& what,
+                                                                const std::string& flag) {
+  if (Trim(command).empty()) return InvalidArgument(StrCat("the ", what, " is empty"));
+  if (!(timeout_s > 0) || !std::isfinite(timeout_s))
+    return InvalidArgument(StrCat(flag, " must be a number of seconds > 0, got ", timeout_s));
+  return std::unique_ptr<JsonLinesProgram>(
+      std::make_unique<LineProgram>(command, timeout_s, what, flag));
 }
 
 StatusOr<std::unique_ptr<RewardFunction>> MakeBuiltinReward(const std::string& spec) {

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -57,6 +59,33 @@ std::string CompletionText(const nlohmann::json& input);
 // InvalidArgument for an empty command or a timeout that is not > 0.
 StatusOr<std::unique_ptr<RewardFunction>> MakeCommandReward(const std::string& command,
                                                             double timeout_s);
+
+// The transport of reward and environment programs: `command` run by /bin/sh -c (its own
+// process group, started on the first Ask and kept), one compact JSON object per line written to
+// its stdin and one answer line read back per object, in order (writing and reading at once, so
+// large batches cannot deadlock), each within `timeout_s` of the one before. A program that exits,
+// closes its stdout, hangs or writes more lines than it was asked for is an error naming it
+// ("<what> '<command>'") and, for a hang, `flag`; after an error every Ask returns it.
+class JsonLinesProgram {
+ public:
+  virtual ~JsonLinesProgram() = default;
+  // Why an answer line is unusable ("" = it is fine): checked as each line arrives, so a bad
+  // answer stops the exchange at once ("... answered line K (completion k) with '...', <why>").
+  using AnswerCheck = std::function<std::string(std::string_view line)>;
+  // One answer line (whitespace trimmed) per input.
+  virtual StatusOr<std::vector<std::string>> Ask(const std::vector<nlohmann::json>& inputs,
+                                                 const AnswerCheck& check = {}) = 0;
+  // Answer lines read over the program's life (for error messages naming a line).
+  virtual int64_t lines_read() const = 0;
+  // "<what> '<command>'".
+  virtual std::string Quoted() const = 0;
+  // Kills the program and makes `s` its error from now on; returns s.
+  virtual Status Fail(Status s) = 0;
+};
+StatusOr<std::unique_ptr<JsonLinesProgram>> MakeJsonLinesProgram(const std::string& command,
+                                                                double timeout_s,
+                                                                const std::string& what,
+                                                                const std::string& flag);
 
 // A built-in reward from its spec:
 // - exact:COLUMN     1 when the completion's text, trimmed, equals the row's COLUMN (trimmed;

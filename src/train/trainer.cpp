@@ -224,6 +224,7 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
       return InvalidArgument("--temperature must be > 0 (GRPO samples its completions)");
     if (!(o.reward_timeout > 0)) return InvalidArgument("--reward-timeout must be > 0");
     if (o.log_completions < 0) return InvalidArgument("--log-completions must be >= 0");
+    if (o.max_turns < 1) return InvalidArgument("--max-turns must be >= 1");
       SamplingOptions so;
     so.temperature = o.temperature;
     so.top_p = o.top_p;
@@ -231,8 +232,9 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     ST_RETURN_IF_ERROR(so.Validate());
   } else {
     ST_RETURN_IF_ERROR(ValidateObjectiveOptions(ObjectiveOf(o)));
-    if (!o.rewards.empty() || !o.reward_commands.empty())
-      return InvalidArgument("--reward and --reward-command are for --objective grpo");
+    if (!o.rewards.empty() || !o.reward_commands.empty() || !o.environment_command.empty())
+      return InvalidArgument(
+          "--reward, --reward-command and --environment-command are for --objective grpo");
   }
   if (o.precompute_ref_log_probs && o.objective != "dpo")
     return InvalidArgument("--precompute-ref-log-probs is DPO's (ORPO and SFT have no reference)");
@@ -653,6 +655,14 @@ Status Trainer::CreateGrpo() {
   g->precision = cpu::ResolvePrecision(o_.precision).value();
   g->reference_is_base = o_.lora_rank > 0;
   g->log_completions = o_.log_completions;
+  if (!o_.environment_command.empty()) {
+    ST_ASSIGN_OR_RETURN(g->environment,
+                        MakeCommandEnvironment(o_.environment_command, o_.reward_timeout));
+    ST_ASSIGN_OR_RETURN(ExampleRenderer r,
+                        ExampleRenderer::Create(in_.data.tokenizer, in_.data.kind, TrainOn::kAll));
+    g->renderer = std::make_unique<ExampleRenderer>(std::move(r));
+    g->rollout.max_turns = o_.max_turns;
+  }
   grpo_ = std::move(g);
   return Status::Ok();
 }

@@ -142,6 +142,10 @@ struct FinetuneOptions {
   std::vector<std::string> rewards, reward_commands;
   std::vector<double> reward_weights;
   double reward_timeout = 60;  // seconds a program may take for one answer
+  // Multi-turn episodes (train/environment.h): a program answering each finished model turn with
+  // the next user turn or the end of the episode; at most max_turns model turns per episode.
+  std::string environment_command;
+  int64_t max_turns = 4;
   // Completions (prompt, text, rewards, advantage) of rank 0 printed and recorded in
   // metrics.jsonl at each round's first step (TRL's log_completions; 0 = none).
   int64_t log_completions = 0;

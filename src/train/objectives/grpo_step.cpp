@@ -44,8 +44,8 @@ uint64_t RoundSeed(uint64_t seed, int64_t global_step, int rank) {
 Batch BatchOfRows(const TokenBatch& tb) { return BatchOf(tb); }
 
 // The rows of one micro-batch's completions: prompt then completion, padded on the right to the
-// longest; the completion's tokens are the labels (none for a truncated completion with
-// --mask-truncated-completions).
+// longest; the completion's tokens the model drew are the labels (an environment's turns are not;
+// none for a truncated completion with --mask-truncated-completions).
 TokenBatch CompletionRows(const PromptSet& prompts, const std::vector<int64_t>& prompt_ids,
                           const std::vector<const Completion*>& done, int64_t G, bool mask_truncated,
                           int32_t pad_id) {
@@ -69,7 +69,8 @@ TokenBatch CompletionRows(const PromptSet& prompts, const std::vector<int64_t>& 
       const size_t k = static_cast<size_t>(b * tb.T + t);
       tb.input_ids[k] = t < lp ? pi[t] : c.ids[static_cast<size_t>(t - lp)];
       tb.attention_mask[k] = 1;
-      if (t >= lp && !(mask_truncated && c.truncated)) tb.labels[k] = tb.input_ids[k];
+      if (t >= lp && !(mask_truncated && c.truncated) && c.sampled[static_cast<size_t>(t - lp)])
+        tb.labels[k] = tb.input_ids[k];
     }
     tb.real_tokens += lp + lc;
   }
@@ -141,8 +142,51 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
                           run.precision, in_flight);
     RolloutOptions ro = run.rollout;
     ro.sampling.seed = RoundSeed(run.rollout.sampling.seed, state.global_step, p.pg.rank());
+    // Multi-turn: the episode's turns after the prompt, per completion, as messages.
+    std::vector<nlohmann::json> episode(prompts.size() * static_cast<size_t>(G),
+                                        nlohmann::json::array());
+    std::vector<int64_t> recorded(episode.size(), 0);  // model turns in episode[i]
+    auto model_turn = [&](const Completion& c) {  // the text of its last model turn
+      size_t begin = c.ids.size();
+      while (begin > 0 && c.sampled[begin - 1]) --begin;
+      const std::vector<int32_t> ids(c.ids.begin() + static_cast<int64_t>(begin), c.ids.end());
+      return run.tokenizer->Decode(ids, true);
+    };
+    NextTurnFn next_turn;
+    if (run.environment)
+      next_turn = [&](const std::vector<size_t>& ended, const std::vector<Completion>& all)
+          -> StatusOr<std::vector<std::optional<std::vector<int32_t>>>> {
+        std::vector<nlohmann::json> states;
+        for (size_t i : ended) {
+          const Completion& c = all[i];
+          const int64_t e = prompt_ids[static_cast<size_t>(c.prompt)];
+          episode[i].push_back({{"role", "assistant"}, {"content", model_turn(c)}});
+          ++recorded[i];
+          nlohmann::json s = run.prompts->rows[static_cast<size_t>(e)];
+          s["messages"] = episode[i];
+          s["completion"] = episode[i].back()["content"];
+          s["turn"] = c.turns;
+          states.push_back(std::move(s));
+        }
+        ST_ASSIGN_OR_RETURN(const std::vector<std::optional<std::string>> turns,
+                            run.environment->Next(states));
+        std::vector<std::optional<std::vector<int32_t>>> out;
+        for (size_t k = 0; k < ended.size(); ++k) {
+          if (!turns[k]) {
+            out.emplace_back();
+            continue;
+          }
+          episode[ended[k]].push_back({{"role", "user"}, {"content", *turns[k]}});
+          std::vector<int32_t> ids;
+          ST_RETURN_IF_ERROR(run.renderer->RenderPrompt({ChatMessage{"user", *turns[k]}},
+                                                        /*start=*/false, &ids));
+          out.push_back(std::move(ids));
+        }
+        return out;
+      };
     const auto g0 = Clock::now();
-    ST_ASSIGN_OR_RETURN(std::vector<Completion> done, SampleCompletions(decoder, prompts, ro));
+    ST_ASSIGN_OR_RETURN(std::vector<Completion> done,
+                        SampleCompletions(decoder, prompts, ro, next_turn));
     const double generate_s = std::chrono::duration<double>(Clock::now() - g0).count();
     // Rewards: the row, the prompt as the row has it, the completion (text, or an assistant turn
     // after a conversational prompt) and its ids.
@@ -152,12 +196,17 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
       const Completion& c = done[i];
       const int64_t e = prompt_ids[static_cast<size_t>(c.prompt)];
       nlohmann::json in = run.prompts->rows[static_cast<size_t>(e)];
-      std::vector<int32_t> text_ids = c.ids;
-      const std::string text = run.tokenizer->Decode(text_ids, true);
-      if (run.prompts->conversational(e))
-        in["completion"] = nlohmann::json::array({{{"role", "assistant"}, {"content", text}}});
-      else
-        in["completion"] = text;
+      if (run.environment) {  // an episode: every turn after the prompt, as messages
+        nlohmann::json turns = episode[i];
+        if (c.turns > recorded[i])  // the last model turn, not shown to the environment
+          turns.push_back({{"role", "assistant"}, {"content", model_turn(c)}});
+        in["completion"] = std::move(turns);
+      } else if (run.prompts->conversational(e)) {
+        in["completion"] =
+            nlohmann::json::array({{{"role", "assistant"}, {"content", model_turn(c)}}});
+      } else {
+        in["completion"] = run.tokenizer->Decode(c.ids, true);
+      }
       in["completion_ids"] = c.ids;
       inputs[i] = std::move(in);
     }

@@ -18,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/prompts.h"
 #include "data/tokenizer.h"
+#include "train/environment.h"
 #include "train/objectives/grpo.h"
 #include "train/rewards.h"
 #include "train/rollout.h"
@@ -40,6 +42,10 @@ struct GrpoRun {
   int64_t max_in_flight = 64;              // sequences decoded together (a multiple of G)
   bool reference_is_base = false;          // LoRA: the reference is the base (adapters off)
   int64_t log_completions = 0;             // completions of rank 0 recorded per step (0: none)
+  // Multi-turn (--environment-command): the program, and the renderer of its turns (a user turn
+  // after the model's, as the chat template continues a conversation); null: one turn.
+  std::unique_ptr<Environment> environment;
+  std::unique_ptr<ExampleRenderer> renderer;
 
   // The current round: this rank's completions as training rows, per micro-batch.
   struct Micro {
