@@ -202,8 +202,6 @@ TEST(RegexReward, MatchesTheWholeText) {
   // Alternatives are anchored as a whole, not only the first and last.
   auto alt = Builtin("regex:yes|no");
   ASSERT_TRUE(alt);
-  // (Not in the order 1, 1, 0, 0: GCC 12.2 at -march=x86-64-v4 builds the constant vector
-  // {a, a, 0, 0} as a broadcast of a.)
   EXPECT_EQ(ScoreOk(*alt, {Input("yes"), Input("yes or no"), Input("no"), Input("nope")}),
             (std::vector<double>{1, 0, 1, 0}));
 }
