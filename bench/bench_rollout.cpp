@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", c.batch, "Sequences decoded together")->capture_default_str();
   app.add_option("--precision", c.precision, "fp32 or bf16 (weights held and prompt products)")
       ->capture_default_str();
-  app.add_option("--repeats", c.repeats, "Runs of each (the best is printed)")->capture_default_str();
+  app.add_option("--repeats", c.repeats, "Runs of each (the best is printed)")
+      ->capture_default_str();
   app.add_flag("--batched-only", c.batched_only, "Skip the one-at-a-time run (for profiling)");
   CLI11_PARSE(app, argc, argv);
   StatusOr<LoadedModel> m = LoadModel(c.model, 42);

@@ -11,19 +11,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <fstream>
-#include <optional>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "proc_util.h"
-#include "test_util.h"
 #include "model/decode.h"
 #include "model/gemma4.h"
 #include "model/weights.h"
+#include "proc_util.h"
+#include "test_util.h"
 #include "train/objectives/grpo.h"
 #include "train/rollout.h"
 
@@ -60,11 +60,12 @@ TEST(GrpoGolden, AdvantagesAndRewardMetricsEqualTrl) {
       for (const nlohmann::json& v : row) r.back().push_back(Num(v));
     }
     const std::vector<double> w = c["reward_weights"].get<std::vector<double>>();
-    const GroupAdvantagesResult a = GroupAdvantages(r, w, c["G"].get<int64_t>(),
-                                                    c["scale_rewards"].get<std::string>());
+    const GroupAdvantagesResult a =
+        GroupAdvantages(r, w, c["G"].get<int64_t>(), c["scale_rewards"].get<std::string>());
     ASSERT_EQ(a.advantages.size(), c["advantages"].size());
     for (size_t i = 0; i < a.advantages.size(); ++i)
-      ExpectNear(a.advantages[i], c["advantages"][i], 2e-4 * std::max(1.0, std::abs(Num(c["advantages"][i]))),
+      ExpectNear(a.advantages[i], c["advantages"][i],
+                 2e-4 * std::max(1.0, std::abs(Num(c["advantages"][i]))),
                  "advantage " + std::to_string(i));
     const nlohmann::json& m = c["metrics"];
     ExpectNear(a.reward, m["reward"], 2e-5, "reward");
@@ -100,12 +101,10 @@ TEST(GrpoGolden, LossGradientAndMetricsOfEveryLossTypeEqualTrl) {
     o.max_completion_length = c["max_completion_length"].get<int64_t>();
     o.kl_bias_correction = c["use_bias_correction_kl"].get<bool>();
     const std::vector<float> logp = Flat(c["per_token_logps"]);
-    const std::vector<float> old = c["old_per_token_logps"].is_null()
-                                       ? std::vector<float>{}
-                                       : Flat(c["old_per_token_logps"]);
-    const std::vector<float> ref = c["ref_per_token_logps"].is_null()
-                                       ? std::vector<float>{}
-                                       : Flat(c["ref_per_token_logps"]);
+    const std::vector<float> old =
+        c["old_per_token_logps"].is_null() ? std::vector<float>{} : Flat(c["old_per_token_logps"]);
+    const std::vector<float> ref =
+        c["ref_per_token_logps"].is_null() ? std::vector<float>{} : Flat(c["ref_per_token_logps"]);
     std::vector<uint8_t> mask;
     for (float v : Flat(c["completion_mask"])) mask.push_back(v != 0);
     const std::vector<double> adv = c["advantages"].get<std::vector<double>>();
@@ -177,7 +176,8 @@ TEST(Rollout, GreedyGroupsEqualEachPromptDecodedAloneAndStopsAsTrlMarks) {
     ASSERT_TRUE(one.Append(p, logits.data()).ok());
     std::vector<int32_t> ids;
     for (int i = 0; i < 12; ++i) {
-      ids.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      ids.push_back(
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
       if (i + 1 < 12) {
         ASSERT_TRUE(one.Append({&ids.back(), 1}, logits.data()).ok());
       }
@@ -218,7 +218,8 @@ TEST(Rollout, EnvironmentTurnsAreFedAndTheModelAnswersAgain) {
     EXPECT_TRUE(one.Append(ids, logits.data()).ok());
     std::vector<int32_t> out;
     for (int i = 0; i < n; ++i) {
-      out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      out.push_back(
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
       if (i + 1 < n) {
         EXPECT_TRUE(one.Append({&out.back(), 1}, logits.data()).ok());
       }
@@ -353,7 +354,8 @@ std::string WriteReward(const std::string& dir) {
   f << "#!/bin/sh\n"
        "while IFS= read -r line; do\n"
        "  ids=${line#*\\\"completion_ids\\\":\\[}; ids=${ids%%]*}; n=0; c=0\n"
-       "  IFS=,; for i in $ids; do n=$((n + 1)); [ \"$i\" -lt 1000 ] && c=$((c + 1)); done; unset IFS\n"
+       "  IFS=,; for i in $ids; do n=$((n + 1)); [ \"$i\" -lt 1000 ] && c=$((c + 1)); done; unset "
+       "IFS\n"
        "  echo \"$c $n\" | awk '{ printf \"%.6f\\n\", $1 / $2 }'\n"
        "done\n";
   f.close();
@@ -399,7 +401,8 @@ TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
     first += steps[i]["reward"].get<double>() / 4;
     last += steps[steps.size() - 1 - i]["reward"].get<double>() / 4;
   }
-  EXPECT_GT(last, first + 0.3) << "mean reward of the first 4 steps " << first << ", last 4 " << last;
+  EXPECT_GT(last, first + 0.3) << "mean reward of the first 4 steps " << first << ", last 4 "
+                               << last;
 }
 
 // Rounds that serve two optimizer steps (--num-iterations 2: the ratio to the round's log-probs
@@ -481,7 +484,8 @@ TEST(Grpo, KilledInTheMiddleOfARoundResumesExactly) {
   part.Wait(std::chrono::seconds(30));
   testing::Proc rest(with({"--run-name", "part", "--resume"}));
   ASSERT_EQ(rest.Wait(std::chrono::seconds(300)), 0) << rest.output();
-  const std::string a = test::NewestCheckpoint(dir + "/full"), b = test::NewestCheckpoint(dir + "/part");
+  const std::string a = test::NewestCheckpoint(dir + "/full"),
+                    b = test::NewestCheckpoint(dir + "/part");
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty());
   EXPECT_TRUE(test::ReadFile(a + "/adapter_model.safetensors") ==
@@ -497,7 +501,8 @@ TEST(Grpo, KilledInTheMiddleOfARoundResumesExactly) {
 TEST(Grpo, EnvironmentEpisodesAlternateTurns) {
   const std::string dir = test::TempDir("grpo_env");
   ASSERT_FALSE(dir.empty());
-  test::Ran r = test::RunCommand(std::string(ST_BINARY) + " finetune --data-dir " ST_SOURCE_DIR
+  test::Ran r = test::RunCommand(std::string(ST_BINARY) +
+                                 " finetune --data-dir " ST_SOURCE_DIR
                                  "/data --template gemma-chat --num-epochs 4 --topology 1 "
                                  "--max-seq-len 64 --no-dashboard --progress off --storage-path " +
                                  dir + " --run-name sft");
@@ -507,27 +512,30 @@ TEST(Grpo, EnvironmentEpisodesAlternateTurns) {
   {
     std::ofstream f(dir + "/conv.jsonl");
     for (int i = 0; i < 8; ++i)
-      f << nlohmann::json({{"prompt", nlohmann::json::array({{{"role", "user"},
-                                                              {"content", "Name a color " +
-                                                                              std::to_string(i)}}})}})
+      f << nlohmann::json({{"prompt", nlohmann::json::array(
+                                          {{{"role", "user"},
+                                            {"content", "Name a color " + std::to_string(i)}}})}})
                .dump()
         << "\n";
     std::ofstream e(dir + "/env.sh");
     e << "#!/bin/sh\n"
          "while IFS= read -r line; do\n"
          "  case \"$line\" in\n"
-         "    *'\"turn\":1,'*|*'\"turn\":1}'*) echo '{\"role\": \"user\", \"content\": \"Again?\"}' ;;\n"
+         "    *'\"turn\":1,'*|*'\"turn\":1}'*) echo '{\"role\": \"user\", \"content\": "
+         "\"Again?\"}' ;;\n"
          "    *) echo null ;;\n"
          "  esac\n"
          "done\n";
   }
-  const std::string job = std::string(ST_BINARY) + " finetune --data-dir " ST_SOURCE_DIR
-                          "/data --model-id " + model + " --dataset " + dir +
+  const std::string job = std::string(ST_BINARY) +
+                          " finetune --data-dir " ST_SOURCE_DIR "/data --model-id " + model +
+                          " --dataset " + dir +
                           "/conv.jsonl --objective grpo --reward overlong:40:20 "
                           "--num-generations 2 --batch-size-per-device 4 "
                           "--max-completion-length 40 --max-seq-len 48 --num-epochs 1 "
                           "--topology 1 --lr 1e-5 --log-completions 4 --no-dashboard "
-                          "--progress off --storage-path " + dir;
+                          "--progress off --storage-path " +
+                          dir;
   r = test::RunCommand(job + " --environment-command 'sh " + dir + "/env.sh' --run-name env");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto steps = Records(dir + "/env", "step");
@@ -560,8 +568,9 @@ TEST(Grpo, EnvironmentEpisodesAlternateTurns) {
 TEST(Grpo, BadRewardsAndFlagsAreOneLine) {
   const std::string dir = test::TempDir("grpo_bad");
   ASSERT_FALSE(dir.empty());
-  test::Ran r = test::RunCommand(Job(dir) + " --reward-command 'echo oops; cat >/dev/null' "
-                                            "--num-epochs 1 --topology 1 --run-name bad");
+  test::Ran r = test::RunCommand(Job(dir) +
+                                 " --reward-command 'echo oops; cat >/dev/null' "
+                                 "--num-epochs 1 --topology 1 --run-name bad");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("not a number"), std::string::npos) << r.out;
   r = test::RunCommand(Job(dir) + " --num-epochs 1 --topology 1");

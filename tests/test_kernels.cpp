@@ -860,7 +860,8 @@ TEST(Kernels, FewRowProductEqualsTheDotProducts) {
             mag += std::abs(static_cast<double>(x[t * in + j]) * w[o * in + j]);
           }
           EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
-          EXPECT_NEAR(y16[t * out + o], want16, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
+          EXPECT_NEAR(y16[t * out + o], want16, 1e-5 * mag)
+              << in << " " << N << " " << t << " " << o;
         }
     }
   }

@@ -544,7 +544,8 @@ TEST(Engine, LogitTemperatureScalesTheLogProbsAndTheirGradient) {
     p[j] -= 2 * h;
     const double down = objective(p);
     const double fd = (up - down) / (2.0 * h);
-    EXPECT_NEAR(grad[j], fd, 2e-2 * std::abs(fd)) << "final norm weight " << idx[static_cast<size_t>(k)];
+    EXPECT_NEAR(grad[j], fd, 2e-2 * std::abs(fd))
+        << "final norm weight " << idx[static_cast<size_t>(k)];
   }
   engine.SetLogitTemperature(1.0f);
 }

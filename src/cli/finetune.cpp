@@ -186,13 +186,30 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
   if (o.resume) cmd.push_back("--resume");
   if (o.use_rslora) cmd.push_back("--use-rslora");
   if (o.precompute_ref_log_probs) cmd.push_back("--precompute-ref-log-probs");
-  cmd.insert(cmd.end(), {"--num-generations", s(o.num_generations), "--max-completion-length",
-                         s(o.max_completion_length), "--temperature", Num(o.temperature),
-                         "--top-p", Num(o.top_p), "--top-k", s(o.top_k), "--epsilon",
-                         Num(o.epsilon), "--epsilon-high", Num(o.epsilon_high), "--scale-rewards",
-                         o.scale_rewards, "--num-iterations", s(o.num_iterations),
-                         "--reward-timeout", Num(o.reward_timeout), "--log-completions",
-                         s(o.log_completions), "--max-turns", s(o.max_turns)});
+  cmd.insert(cmd.end(), {"--num-generations",
+                         s(o.num_generations),
+                         "--max-completion-length",
+                         s(o.max_completion_length),
+                         "--temperature",
+                         Num(o.temperature),
+                         "--top-p",
+                         Num(o.top_p),
+                         "--top-k",
+                         s(o.top_k),
+                         "--epsilon",
+                         Num(o.epsilon),
+                         "--epsilon-high",
+                         Num(o.epsilon_high),
+                         "--scale-rewards",
+                         o.scale_rewards,
+                         "--num-iterations",
+                         s(o.num_iterations),
+                         "--reward-timeout",
+                         Num(o.reward_timeout),
+                         "--log-completions",
+                         s(o.log_completions),
+                         "--max-turns",
+                         s(o.max_turns)});
   if (!o.environment_command.empty())
     cmd.insert(cmd.end(), {"--environment-command", o.environment_command});
   if (o.mask_truncated_completions) cmd.push_back("--mask-truncated-completions");

@@ -5,9 +5,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/status.h"
 #include "data/chat_template.h"
@@ -18,17 +17,15 @@
 namespace st {
 
 struct PromptSet {
-  int64_t max_len = 0;              // the longest prompt kept (--max-seq-len)
-  TokenizedSet prompts;             // the prompts' tokens: what an epoch plans over
+  int64_t max_len = 0;               // the longest prompt kept (--max-seq-len)
+  TokenizedSet prompts;              // the prompts' tokens: what an epoch plans over
   std::vector<nlohmann::json> rows;  // per prompt: its row (the prompt and every other column)
-  std::vector<int64_t> lines;       // per prompt: its record's line (or row)
-  int64_t dropped = 0;              // prompts longer than max_len (left out, counted)
+  std::vector<int64_t> lines;        // per prompt: its record's line (or row)
+  int64_t dropped = 0;               // prompts longer than max_len (left out, counted)
 
   explicit PromptSet(int64_t max_seq_len = 0) : max_len(max_seq_len) { prompts.T = max_seq_len; }
   int64_t size() const { return prompts.size(); }
-  bool conversational(int64_t i) const {
-    return rows[static_cast<size_t>(i)]["prompt"].is_array();
-  }
+  bool conversational(int64_t i) const { return rows[static_cast<size_t>(i)]["prompt"].is_array(); }
   // Tokenizes r's prompt (chat: the renderer of a chat template, needed for conversations) and
   // adds it, or counts it as dropped when it is longer than max_len.
   Status Add(const InstructionRecord& r, const Tokenizer& tok, const ExampleRenderer* chat);

@@ -266,7 +266,8 @@ Status Gemma4Decoder::Step(std::span<const int64_t> seqs, std::span<const int32_
   ST_CHECK(n == static_cast<int64_t>(ids.size()) && n <= batch()) << "Step: " << n << " tokens";
   if (n == 0) return Status::Ok();
   for (int64_t j = 0; j < n; ++j) {
-    ST_RETURN_IF_ERROR(Check(seqs[static_cast<size_t>(j)], 1, ids.subspan(static_cast<size_t>(j), 1)));
+    ST_RETURN_IF_ERROR(
+        Check(seqs[static_cast<size_t>(j)], 1, ids.subspan(static_cast<size_t>(j), 1)));
     for (int64_t k = 0; k < j; ++k)
       ST_CHECK(seqs[static_cast<size_t>(k)] != seqs[static_cast<size_t>(j)])
           << "Step: sequence " << seqs[static_cast<size_t>(j)] << " twice";
@@ -312,8 +313,7 @@ void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_
   for (int64_t i = 0; i < L; ++i) Layer(i, n);
   if (logits == nullptr) return;
   const int64_t first = all_logits ? 0 : n - 1, m = n - first;
-  cpu::RmsNormForward(x_.data() + first * d, w_.f32(reg_.norm), h_.data(), rstd_.data(), m, d,
-                      eps);
+  cpu::RmsNormForward(x_.data() + first * d, w_.f32(reg_.norm), h_.data(), rstd_.data(), m, d, eps);
   Head(h_.data(), logits, m);
 }
 

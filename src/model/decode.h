@@ -138,7 +138,7 @@ class Gemma4Decoder {
   const ParamRegistry& reg_;
   const DecodeWeights& w_;
   int64_t capacity_, chunk_, rows_;  // rows_: the most rows one pass computes (chunk, batch)
-  std::vector<int64_t> lengths_;      // per sequence
+  std::vector<int64_t> lengths_;     // per sequence
   // Per layer: ring slots of its cache (its own, or its source's for a shared layer) and where
   // the layer's K and V live in cache_ ([batch, slots, Hkv, D] each); -1 for a shared layer.
   std::vector<int64_t> slots_, k_off_, v_off_;

@@ -148,7 +148,7 @@ struct ActivationPlan {
   // The head's compacted target rows and their gradient [N,d], one tile of logits [rows, block],
   // and per row the running maximum (then log-sum-exp), running sum and target logit [N].
   int head_h = -1, head_dh = -1, head_y = -1, head_lse = -1, head_sum = -1, head_zt = -1;
-  int head_ez = -1;  // per row: sum of exp(z - max) z, for the entropy (SetComputeEntropy)
+  int head_ez = -1;     // per row: sum of exp(z - max) z, for the entropy (SetComputeEntropy)
   int head_cache = -1;  // [N, V] the forward's logits, when small (kHeadCacheBytes); = head_y
   // Backward scratch (shared by all layers).
   int dx = -1, dn = -1, dh = -1, dq = -1, dout = -1, df1 = -1, df2 = -1, dp1 = -1, dp2 = -1,

@@ -13,8 +13,8 @@ std::optional<std::string> ParseTurn(std::string_view line, std::string* why) {
   if (j.is_null()) return std::nullopt;
   if (!j.is_object()) return *why = "not an object", std::nullopt;
   if (j.empty()) return std::nullopt;
-  if (auto d = j.find("done"); d != j.end() && d->is_boolean() && d->get<bool>() &&
-                               !j.contains("content"))
+  if (auto d = j.find("done");
+      d != j.end() && d->is_boolean() && d->get<bool>() && !j.contains("content"))
     return std::nullopt;
   auto c = j.find("content");
   if (c == j.end() || !c->is_string()) return *why = "no string 'content'", std::nullopt;
@@ -47,9 +47,9 @@ StatusOr<std::vector<std::optional<std::string>>> Environment::Next(
 
 StatusOr<std::unique_ptr<Environment>> MakeCommandEnvironment(const std::string& command,
                                                               double timeout_s) {
-  ST_ASSIGN_OR_RETURN(std::unique_ptr<JsonLinesProgram> p,
-                      MakeJsonLinesProgram(command, timeout_s, "environment command",
-                                           "--reward-timeout"));
+  ST_ASSIGN_OR_RETURN(
+      std::unique_ptr<JsonLinesProgram> p,
+      MakeJsonLinesProgram(command, timeout_s, "environment command", "--reward-timeout"));
   return std::make_unique<Environment>(std::move(p));
 }
 

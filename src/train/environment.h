@@ -25,11 +25,9 @@ namespace st {
 
 class Environment {
  public:
-  explicit Environment(std::unique_ptr<JsonLinesProgram> program)
-      : program_(std::move(program)) {}
+  explicit Environment(std::unique_ptr<JsonLinesProgram> program) : program_(std::move(program)) {}
   // The next turn's text for each state (nullopt: the episode is over). Errors name the program.
-  StatusOr<std::vector<std::optional<std::string>>> Next(
-      const std::vector<nlohmann::json>& states);
+  StatusOr<std::vector<std::optional<std::string>>> Next(const std::vector<nlohmann::json>& states);
 
  private:
   std::unique_ptr<JsonLinesProgram> program_;

@@ -143,8 +143,8 @@ void ProgressReporter::Step(const TrainState& state, int64_t steps_in_epoch, int
   // GRPO --log-completions: a few of the step's completions, one line each.
   if (step.completions.is_array())
     for (const nlohmann::json& c : step.completions) {
-      std::string text = c["completion"].is_string() ? c["completion"].get<std::string>()
-                                                     : c["completion"].dump();
+      std::string text =
+          c["completion"].is_string() ? c["completion"].get<std::string>() : c["completion"].dump();
       for (char& ch : text)
         if (ch == '\n') ch = ' ';
       if (text.size() > 120) text = text.substr(0, 117) + "...";

@@ -403,11 +403,11 @@ class CommandReward final : public RewardFunction {
         program_(command, timeout_s, "reward command", "--reward-timeout") {}
   const std::string& name() const override { return name_; }
   StatusOr<std::vector<double>> Score(const std::vector<json>& inputs) override {
-    ST_ASSIGN_OR_RETURN(const std::vector<std::string> lines,
-                        program_.Ask(inputs, [](std::string_view line) {
-                          return ParseAnswer(line) ? std::string()
-                                                   : std::string("not a number (nor null, None or nan)");
-                        }));
+    ST_ASSIGN_OR_RETURN(
+        const std::vector<std::string> lines, program_.Ask(inputs, [](std::string_view line) {
+          return ParseAnswer(line) ? std::string()
+                                   : std::string("not a number (nor null, None or nan)");
+        }));
     std::vector<double> out;
     out.reserve(lines.size());
     for (const std::string& line : lines) out.push_back(*ParseAnswer(line));
@@ -703,9 +703,9 @@ StatusOr<std::unique_ptr<RewardFunction>> MakeCommandReward(const std::string& c
 }
 
 StatusOr<std::unique_ptr<JsonLinesProgram>> MakeJsonLinesProgram(const std::string& command,
-                                                                double timeout_s,
-                                                                const std::string& what,
-                                                                const std::string& flag) {
+                                                                 double timeout_s,
+                                                                 const std::string& what,
+                                                                 const std::string& flag) {
   if (Trim(command).empty()) return InvalidArgument(StrCat("the ", what, " is empty"));
   if (!(timeout_s > 0) || !std::isfinite(timeout_s))
     return InvalidArgument(StrCat(flag, " must be a number of seconds > 0, got ", timeout_s));

@@ -83,9 +83,9 @@ class JsonLinesProgram {
   virtual Status Fail(Status s) = 0;
 };
 StatusOr<std::unique_ptr<JsonLinesProgram>> MakeJsonLinesProgram(const std::string& command,
-                                                                double timeout_s,
-                                                                const std::string& what,
-                                                                const std::string& flag);
+                                                                 double timeout_s,
+                                                                 const std::string& what,
+                                                                 const std::string& flag);
 
 // A built-in reward from its spec:
 // - exact:COLUMN     1 when the completion's text, trimmed, equals the row's COLUMN (trimmed;

@@ -5,18 +5,16 @@
 
 namespace st {
 
-StatusOr<std::vector<Completion>> SampleCompletions(Gemma4Decoder& dec,
-                                                    const std::vector<std::vector<int32_t>>& prompts,
-                                                    const RolloutOptions& o,
-                                                    const NextTurnFn& next_turn) {
+StatusOr<std::vector<Completion>> SampleCompletions(
+    Gemma4Decoder& dec, const std::vector<std::vector<int32_t>>& prompts, const RolloutOptions& o,
+    const NextTurnFn& next_turn) {
   const int64_t G = o.num_generations, V = dec.config().vocab_size;
   ST_CHECK(G >= 1 && dec.batch() >= G) << "a decoder of " << dec.batch() << " for groups of " << G;
   for (size_t p = 0; p < prompts.size(); ++p)
     if (static_cast<int64_t>(prompts[p].size()) + o.max_completion_length > dec.capacity())
-      return ResourceExhausted(StrCat("prompt ", p, " has ", prompts[p].size(),
-                                      " tokens: with --max-completion-length ",
-                                      o.max_completion_length, " it exceeds the decoder's ",
-                                      dec.capacity()));
+      return ResourceExhausted(
+          StrCat("prompt ", p, " has ", prompts[p].size(), " tokens: with --max-completion-length ",
+                 o.max_completion_length, " it exceeds the decoder's ", dec.capacity()));
   Sampler sampler(o.sampling);
   const int64_t per_wave = dec.batch() / G;
   const size_t Vs = static_cast<size_t>(V);
@@ -32,7 +30,8 @@ StatusOr<std::vector<Completion>> SampleCompletions(Gemma4Decoder& dec,
   for (size_t p0 = 0; p0 < prompts.size(); p0 += static_cast<size_t>(per_wave)) {
     const size_t p1 = std::min(prompts.size(), p0 + static_cast<size_t>(per_wave));
     auto index = [&](int64_t s) {
-      return (p0 + static_cast<size_t>(s / G)) * static_cast<size_t>(G) + static_cast<size_t>(s % G);
+      return (p0 + static_cast<size_t>(s / G)) * static_cast<size_t>(G) +
+             static_cast<size_t>(s % G);
     };
     // Draws sequence s's next token from `l` [V] and decides what becomes of the sequence: it
     // goes on (next_active), its model turn ended (ended, for the environment), or it is done.

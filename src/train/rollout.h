@@ -21,16 +21,16 @@ struct RolloutOptions {
   SamplingOptions sampling;  // temperature, top-k, top-p, repetition penalty; seed: the round's
   int64_t num_generations = 8;
   int64_t max_completion_length = 256;  // every token after the prompt, the environment's too
-  std::vector<int32_t> stops;  // a model turn ends after one of these (it is kept)
-  int64_t max_turns = 1;       // model turns per episode (> 1 only with an environment)
+  std::vector<int32_t> stops;           // a model turn ends after one of these (it is kept)
+  int64_t max_turns = 1;                // model turns per episode (> 1 only with an environment)
 };
 
 struct Completion {
-  int64_t prompt = 0;           // index into the prompts sampled
-  std::vector<int32_t> ids;     // the tokens after the prompt, stop tokens included
+  int64_t prompt = 0;            // index into the prompts sampled
+  std::vector<int32_t> ids;      // the tokens after the prompt, stop tokens included
   std::vector<uint8_t> sampled;  // per token of ids: 1 = drawn from the model, 0 = environment's
-  bool truncated = false;       // max_completion_length reached inside a model turn
-  int64_t turns = 1;            // model turns
+  bool truncated = false;        // max_completion_length reached inside a model turn
+  int64_t turns = 1;             // model turns
 };
 
 // Multi-turn: the completions (indices into `all`) whose model turn just ended at a stop token;
@@ -44,9 +44,8 @@ using NextTurnFn = std::function<StatusOr<std::vector<std::optional<std::vector<
 // answers give the same tokens). The decoder's batch bounds the sequences in flight (at least G;
 // prompts are taken batch / G at a time) and its capacity must hold the longest prompt plus
 // max_completion_length. next_turn (with o.max_turns > 1) continues episodes.
-StatusOr<std::vector<Completion>> SampleCompletions(Gemma4Decoder& decoder,
-                                                    const std::vector<std::vector<int32_t>>& prompts,
-                                                    const RolloutOptions& o,
-                                                    const NextTurnFn& next_turn = {});
+StatusOr<std::vector<Completion>> SampleCompletions(
+    Gemma4Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
+    const RolloutOptions& o, const NextTurnFn& next_turn = {});
 
 }  // namespace st

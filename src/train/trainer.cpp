@@ -80,8 +80,8 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
   co.max_seq_len = max_seq_len;
   co.split_long = text.split_long;
   ST_ASSIGN_OR_RETURN(const int32_t pad_id, ResolvePadId(tok, co));
-  InstructionData data{tokenizer.dir, tok, TokenizedSet{}, PreferenceSet{}, PromptSet{},
-                       DatasetReport{}};
+  InstructionData data{tokenizer.dir,   tok,         TokenizedSet{},
+                       PreferenceSet{}, PromptSet{}, DatasetReport{}};
   ST_ASSIGN_OR_RETURN(ExampleRenderer renderer,
                       ExampleRenderer::Create(data.tokenizer, text.kind, text.train_on));
   if (text.prompts) {
@@ -201,10 +201,10 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     ST_RETURN_IF_ERROR(ValidateGrpoOptions(
         GrpoOf(o), static_cast<int64_t>(o.rewards.size() + o.reward_commands.size())));
     if (o.batch_size_per_device % o.num_generations != 0)
-      return InvalidArgument(StrCat(
-          "--batch-size-per-device counts completions (TRL's per_device_train_batch_size): ",
-          o.batch_size_per_device, " is not a multiple of --num-generations ", o.num_generations,
-          "; e.g. --batch-size-per-device ", o.num_generations));
+      return InvalidArgument(
+          StrCat("--batch-size-per-device counts completions (TRL's per_device_train_batch_size): ",
+                 o.batch_size_per_device, " is not a multiple of --num-generations ",
+                 o.num_generations, "; e.g. --batch-size-per-device ", o.num_generations));
     if (!o.eval_split.empty())
       return InvalidArgument("--eval-split is not supported with --objective grpo yet");
     if (o.packing == "split" || o.padding != "longest" || o.group_by_length)
@@ -225,7 +225,7 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     if (!(o.reward_timeout > 0)) return InvalidArgument("--reward-timeout must be > 0");
     if (o.log_completions < 0) return InvalidArgument("--log-completions must be >= 0");
     if (o.max_turns < 1) return InvalidArgument("--max-turns must be >= 1");
-      SamplingOptions so;
+    SamplingOptions so;
     so.temperature = o.temperature;
     so.top_p = o.top_p;
     so.top_k = o.top_k;
@@ -397,10 +397,12 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   const int64_t steps_per_epoch =
       (micro_steps + K - 1) / K * (o.objective == "grpo" ? o.num_iterations : 1);
   if (steps_per_epoch == 0)
-    return InvalidArgument(StrCat(
-        "the data set has ", set.size(),
-        o.objective == "sft" ? " examples" : o.objective == "grpo" ? " prompts" : " pairs",
-        ": too few for ", world, " workers x --batch-size-per-device ", o.batch_size_per_device));
+    return InvalidArgument(StrCat("the data set has ", set.size(),
+                                  o.objective == "sft"    ? " examples"
+                                  : o.objective == "grpo" ? " prompts"
+                                                          : " pairs",
+                                  ": too few for ", world, " workers x --batch-size-per-device ",
+                                  o.batch_size_per_device));
   std::optional<InstructionData> eval;
   if (!o.eval_split.empty()) {
     DatasetOptions d = DatasetOf(o);
@@ -637,15 +639,16 @@ Status Trainer::CreateGrpo() {
   const Tokenizer& tok = in_.data.tokenizer;
   for (const int64_t id : {static_cast<int64_t>(tok.eos_id()), in_.model.config.eos_token_id,
                            static_cast<int64_t>(tok.TokenToId("<turn|>").value_or(-1))})
-    if (id >= 0 && std::find(g->rollout.stops.begin(), g->rollout.stops.end(), id) ==
-                       g->rollout.stops.end())
+    if (id >= 0 &&
+        std::find(g->rollout.stops.begin(), g->rollout.stops.end(), id) == g->rollout.stops.end())
       g->rollout.stops.push_back(static_cast<int32_t>(id));
   for (const std::string& spec : o_.rewards) {
     ST_ASSIGN_OR_RETURN(std::unique_ptr<RewardFunction> r, MakeBuiltinReward(spec));
     g->rewards.push_back(std::move(r));
   }
   for (const std::string& cmd : o_.reward_commands) {
-    ST_ASSIGN_OR_RETURN(std::unique_ptr<RewardFunction> r, MakeCommandReward(cmd, o_.reward_timeout));
+    ST_ASSIGN_OR_RETURN(std::unique_ptr<RewardFunction> r,
+                        MakeCommandReward(cmd, o_.reward_timeout));
     g->rewards.push_back(std::move(r));
   }
   g->prompts = &in_.data.prompts;

@@ -139,15 +139,21 @@ void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, i
 
 namespace {
 
-inline float Widen(float v) { return v; }
-inline float Widen(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float Widen(float v) {
+  return v;
+}
+inline float Widen(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // GCC 12 warns inside _mm512_reduce_add_ps (a false positive, as above).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #ifdef __AVX512F__
-inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
 inline __m512 Load16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -155,8 +161,8 @@ inline __m512 Load16(const uint16_t* p) {
 
 // y[k * ldy + {0, 1}] = x row k . w rows r0, r1 for k < TN (r1 written only when `two`).
 template <int TN, typename W>
-inline void FewRowsTile(const W* r0, const W* r1, const float* x, int64_t in, float* y,
-                        int64_t ldy, bool two) {
+inline void FewRowsTile(const W* r0, const W* r1, const float* x, int64_t in, float* y, int64_t ldy,
+                        bool two) {
   __m512 a0[TN], a1[TN];
   for (int k = 0; k < TN; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
   for (int64_t j = 0; j < in; j += 16) {
@@ -196,14 +202,30 @@ void LinearForwardFewRows(const float* x, const W* w, float* y, int64_t N, int64
         const float* xt = x + t0 * in;
         float* yt = y + t0 * out + o;
         switch (std::min<int64_t>(8, N - t0)) {
-          case 1: FewRowsTile<1>(r0, r1, xt, in, yt, out, two); break;
-          case 2: FewRowsTile<2>(r0, r1, xt, in, yt, out, two); break;
-          case 3: FewRowsTile<3>(r0, r1, xt, in, yt, out, two); break;
-          case 4: FewRowsTile<4>(r0, r1, xt, in, yt, out, two); break;
-          case 5: FewRowsTile<5>(r0, r1, xt, in, yt, out, two); break;
-          case 6: FewRowsTile<6>(r0, r1, xt, in, yt, out, two); break;
-          case 7: FewRowsTile<7>(r0, r1, xt, in, yt, out, two); break;
-          default: FewRowsTile<8>(r0, r1, xt, in, yt, out, two); break;
+          case 1:
+            FewRowsTile<1>(r0, r1, xt, in, yt, out, two);
+            break;
+          case 2:
+            FewRowsTile<2>(r0, r1, xt, in, yt, out, two);
+            break;
+          case 3:
+            FewRowsTile<3>(r0, r1, xt, in, yt, out, two);
+            break;
+          case 4:
+            FewRowsTile<4>(r0, r1, xt, in, yt, out, two);
+            break;
+          case 5:
+            FewRowsTile<5>(r0, r1, xt, in, yt, out, two);
+            break;
+          case 6:
+            FewRowsTile<6>(r0, r1, xt, in, yt, out, two);
+            break;
+          case 7:
+            FewRowsTile<7>(r0, r1, xt, in, yt, out, two);
+            break;
+          default:
+            FewRowsTile<8>(r0, r1, xt, in, yt, out, two);
+            break;
         }
       }
     }

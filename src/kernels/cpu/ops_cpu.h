@@ -41,8 +41,7 @@ void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, i
 // batched decoder's steps: a GEMM library first copies (packs) the whole weight matrix for a
 // handful of rows, which costs more than the product (docs/grpo.md has the measurement).
 constexpr int64_t kFewRows = 16;
-void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64_t in,
-                      int64_t out);
+void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64_t in, int64_t out);
 void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                       int64_t out);
 

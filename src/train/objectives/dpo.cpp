@@ -118,8 +118,7 @@ PairLogps SumPairLogps(const PairBatch& b, const float* logp) {
 
 Status ValidateObjectiveOptions(const ObjectiveOptions& o) {
   if (o.objective != "sft" && o.objective != "dpo" && o.objective != "orpo")
-    return InvalidArgument("--objective must be sft, dpo, orpo or grpo, got '" + o.objective +
-                           "'");
+    return InvalidArgument("--objective must be sft, dpo, orpo or grpo, got '" + o.objective + "'");
   if (o.objective == "sft") return Status::Ok();
   if (!(o.beta > 0) || !std::isfinite(o.beta))
     return InvalidArgument("--beta must be a positive number");

@@ -36,7 +36,9 @@ double NanStd(const std::vector<double>& x, size_t begin, size_t end) {
   return std::sqrt(mean_sq * correction);
 }
 // torch.isclose(x, 0): |x| <= 1e-8 (atol; rtol times 0 adds nothing); NaN is not close.
-bool IsCloseToZero(double x) { return std::abs(x) <= 1e-8; }
+bool IsCloseToZero(double x) {
+  return std::abs(x) <= 1e-8;
+}
 
 enum Sum { kLoss, kKl, kTokens, kLow, kHigh, kRegion, kEntropy, kEntropyTokens, kSums };
 
@@ -69,8 +71,8 @@ Status ValidateGrpoOptions(const GrpoOptions& o, int64_t reward_functions) {
         "(exact:COLUMN, numeric:COLUMN, regex:PATTERN, overlong:MAX:CACHE)");
   if (!o.reward_weights.empty() &&
       static_cast<int64_t>(o.reward_weights.size()) != reward_functions)
-    return InvalidArgument(StrCat("--reward-weights has ", o.reward_weights.size(),
-                                  " values for ", reward_functions,
+    return InvalidArgument(StrCat("--reward-weights has ", o.reward_weights.size(), " values for ",
+                                  reward_functions,
                                   " reward functions (the --reward ones first, then the "
                                   "--reward-command ones)"));
   return Status::Ok();
@@ -101,7 +103,8 @@ GroupAdvantagesResult GroupAdvantages(const std::vector<std::vector<double>>& re
   } else {
     for (size_t b = 0; b < N; b += g) {
       const double s = g > 1 ? NanStd(r, b, b + g) : 0.0;
-      std::fill(std_r.begin() + static_cast<int64_t>(b), std_r.begin() + static_cast<int64_t>(b + g), s);
+      std::fill(std_r.begin() + static_cast<int64_t>(b),
+                std_r.begin() + static_cast<int64_t>(b + g), s);
     }
   }
   out.advantages.resize(N);
@@ -128,9 +131,9 @@ GroupAdvantagesResult GroupAdvantages(const std::vector<std::vector<double>>& re
 }
 
 const std::vector<std::string>& GrpoLossMetricNames() {
-  static const std::vector<std::string> names = {
-      "loss",          "kl_sum",          "tokens",      "clip_low_sum",
-      "clip_high_sum", "clip_region_sum", "entropy_sum", "entropy_tokens"};
+  static const std::vector<std::string> names = {"loss",         "kl_sum",        "tokens",
+                                                 "clip_low_sum", "clip_high_sum", "clip_region_sum",
+                                                 "entropy_sum",  "entropy_tokens"};
   return names;
 }
 
@@ -183,7 +186,7 @@ void GrpoTokenLoss(const GrpoOptions& o, const GrpoTokens& in, const GrpoNorm& n
       }
       sums[kLoss] += f * loss;
       sums[kTokens] += 1;
-      const bool low = ratio < lo && A < 0, high = ratio > hi && A > 0;
+      const bool low = ratio < lo && A<0, high = ratio> hi && A > 0;
       sums[kLow] += low;
       sums[kHigh] += high;
       sums[kRegion] += low || high;

@@ -22,13 +22,13 @@
 namespace st {
 
 struct GrpoOptions {
-  int64_t num_generations = 8;       // G: completions per prompt
-  std::string loss_type = "dapo";    // grpo | bnpo | dr_grpo | dapo (TRL 1.16's default)
-  double beta = 0.0;                 // KL coefficient (TRL's default 0: no reference model)
-  double epsilon = 0.2;              // clipping: ratio within [1 - epsilon, 1 + epsilon_high]
-  double epsilon_high = -1;          // < 0: epsilon
+  int64_t num_generations = 8;          // G: completions per prompt
+  std::string loss_type = "dapo";       // grpo | bnpo | dr_grpo | dapo (TRL 1.16's default)
+  double beta = 0.0;                    // KL coefficient (TRL's default 0: no reference model)
+  double epsilon = 0.2;                 // clipping: ratio within [1 - epsilon, 1 + epsilon_high]
+  double epsilon_high = -1;             // < 0: epsilon
   std::string scale_rewards = "group";  // group | batch | none
-  int64_t num_iterations = 1;        // optimizer steps per generation round
+  int64_t num_iterations = 1;           // optimizer steps per generation round
   int64_t max_completion_length = 256;
   bool mask_truncated_completions = false;
   std::vector<double> reward_weights;  // empty: 1 for every reward function
@@ -58,12 +58,12 @@ GroupAdvantagesResult GroupAdvantages(const std::vector<std::vector<double>>& re
 // TargetLogProbs: position t holds log p(token t | tokens before)).
 struct GrpoTokens {
   int64_t B = 0, T = 0;
-  const float* logp = nullptr;      // the policy's now
-  const float* old_logp = nullptr;  // at sampling (num_iterations > 1); null: logp (ratio 1)
-  const float* ref_logp = nullptr;  // the reference's (beta > 0), else null
-  const uint8_t* mask = nullptr;    // 1 = a completion token the loss covers
+  const float* logp = nullptr;         // the policy's now
+  const float* old_logp = nullptr;     // at sampling (num_iterations > 1); null: logp (ratio 1)
+  const float* ref_logp = nullptr;     // the reference's (beta > 0), else null
+  const uint8_t* mask = nullptr;       // 1 = a completion token the loss covers
   const double* advantages = nullptr;  // [B]
-  const float* entropy = nullptr;   // the policy's entropy per token, for the metric; or null
+  const float* entropy = nullptr;      // the policy's entropy per token, for the metric; or null
 };
 
 // The extremes over one micro-batch's completions of their clipped-token fractions (TRL's
@@ -77,9 +77,9 @@ struct GrpoClipExtremes {
 // How a micro-batch's loss is normalised so that the step's loss is TRL's, averaged over ranks
 // and accumulated micro-batches as its DDP and gradient accumulation do.
 struct GrpoNorm {
-  int64_t world = 1;           // ranks
-  int64_t micro_batches = 1;   // of the step (gradient accumulation)
-  double global_tokens = 0;    // dapo: the step's completion tokens over every rank
+  int64_t world = 1;          // ranks
+  int64_t micro_batches = 1;  // of the step (gradient accumulation)
+  double global_tokens = 0;   // dapo: the step's completion tokens over every rank
 };
 
 // The metric names GrpoTokenLoss adds to, in its `sums` order (the loss first).

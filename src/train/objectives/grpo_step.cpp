@@ -41,13 +41,11 @@ uint64_t RoundSeed(uint64_t seed, int64_t global_step, int rank) {
   return StepDropoutSeed(seed ^ 0x6a09e667f3bcc909ull, global_step, rank, 0x5a);
 }
 
-Batch BatchOfRows(const TokenBatch& tb) { return BatchOf(tb); }
-
 // The rows of one micro-batch's completions: prompt then completion, padded on the right to the
 // longest; the completion's tokens the model drew are the labels (an environment's turns are not;
 // none for a truncated completion with --mask-truncated-completions).
 TokenBatch CompletionRows(const PromptSet& prompts, const std::vector<int64_t>& prompt_ids,
-                          const std::vector<const Completion*>& done, int64_t G, bool mask_truncated,
+                          const std::vector<const Completion*>& done, bool mask_truncated,
                           int32_t pad_id) {
   TokenBatch tb;
   tb.B = static_cast<int64_t>(done.size());
@@ -55,7 +53,6 @@ TokenBatch CompletionRows(const PromptSet& prompts, const std::vector<int64_t>& 
     const int64_t p = prompt_ids[static_cast<size_t>(c->prompt)];
     tb.T = std::max(tb.T, prompts.prompts.length(p) + static_cast<int64_t>(c->ids.size()));
   }
-  (void)G;
   const size_t n = static_cast<size_t>(tb.B * tb.T);
   tb.input_ids.assign(n, pad_id);
   tb.attention_mask.assign(n, 0);
@@ -63,7 +60,8 @@ TokenBatch CompletionRows(const PromptSet& prompts, const std::vector<int64_t>& 
   for (int64_t b = 0; b < tb.B; ++b) {
     const Completion& c = *done[static_cast<size_t>(b)];
     const int64_t p = prompt_ids[static_cast<size_t>(c.prompt)];
-    const int32_t* pi = prompts.prompts.ids.data() + prompts.prompts.offsets[static_cast<size_t>(p)];
+    const int32_t* pi =
+        prompts.prompts.ids.data() + prompts.prompts.offsets[static_cast<size_t>(p)];
     const int64_t lp = prompts.prompts.length(p), lc = static_cast<int64_t>(c.ids.size());
     for (int64_t t = 0; t < lp + lc; ++t) {
       const size_t k = static_cast<size_t>(b * tb.T + t);
@@ -146,7 +144,7 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
     std::vector<nlohmann::json> episode(prompts.size() * static_cast<size_t>(G),
                                         nlohmann::json::array());
     std::vector<int64_t> recorded(episode.size(), 0);  // model turns in episode[i]
-    auto model_turn = [&](const Completion& c) {  // the text of its last model turn
+    auto model_turn = [&](const Completion& c) {       // the text of its last model turn
       size_t begin = c.ids.size();
       while (begin > 0 && c.sampled[begin - 1]) --begin;
       const std::vector<int32_t> ids(c.ids.begin() + static_cast<int64_t>(begin), c.ids.end());
@@ -237,7 +235,8 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
         ++term_n;
       }
     }
-    const GroupAdvantagesResult adv = GroupAdvantages(rewards, o.reward_weights, G, o.scale_rewards);
+    const GroupAdvantagesResult adv =
+        GroupAdvantages(rewards, o.reward_weights, G, o.scale_rewards);
     auto& m = run.round_metrics;
     m.clear();
     m.emplace_back("reward", adv.reward);
@@ -277,11 +276,12 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
     for (size_t k = 0; k < micro_end.size(); ++k) {
       GrpoRun::Micro mb;
       std::vector<const Completion*> part;
-      for (size_t i = begin * static_cast<size_t>(G); i < micro_end[k] * static_cast<size_t>(G); ++i) {
+      for (size_t i = begin * static_cast<size_t>(G); i < micro_end[k] * static_cast<size_t>(G);
+           ++i) {
         part.push_back(&done[i]);
         mb.advantages.push_back(adv.advantages[static_cast<size_t>(p.pg.rank()) * N + i]);
       }
-      mb.batch = CompletionRows(*run.prompts, prompt_ids, part, G, o.mask_truncated_completions,
+      mb.batch = CompletionRows(*run.prompts, prompt_ids, part, o.mask_truncated_completions,
                                 run.tokenizer->pad_id() >= 0 ? run.tokenizer->pad_id() : 0);
       begin = micro_end[k];
       run.round.push_back(std::move(mb));
@@ -296,14 +296,14 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
       const size_t n = static_cast<size_t>(mb.batch.B * mb.batch.T);
       if (o.beta != 0) {
         if (run.reference_is_base) p.engine.SetAdapters(false);
-        s = p.fsdp.Forward(p.engine, BatchOfRows(mb.batch)).status();
+        s = p.fsdp.Forward(p.engine, BatchOf(mb.batch)).status();
         p.engine.SetAdapters(true);
         if (!s.ok()) break;
         mb.ref_logp.assign(n, 0.0f);
         p.engine.TargetLogProbs(mb.ref_logp.data());
       }
       if (o.num_iterations > 1) {
-        s = p.fsdp.Forward(p.engine, BatchOfRows(mb.batch)).status();
+        s = p.fsdp.Forward(p.engine, BatchOf(mb.batch)).status();
         if (!s.ok()) break;
         mb.old_logp.assign(n, 0.0f);
         p.engine.TargetLogProbs(mb.old_logp.data());
@@ -346,7 +346,7 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
     mask.resize(n);
     for (size_t i = 0; i < n; ++i) mask[i] = mb.batch.labels[i] != kIgnoreIndex;
     p.engine.SetDropoutSeed(StepDropoutSeed(p.seed, state.global_step, p.pg.rank(), k));
-    Batch b = BatchOfRows(mb.batch);
+    Batch b = BatchOf(mb.batch);
     b.loss_weights = weights.data();
     FsdpModel::Micro m;
     m.sync = p.sync_each_batch || k + 1 == run.round.size();
@@ -382,10 +382,8 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
     hi.push_back(static_cast<float>(e.high_max));
   }
   const int64_t K = static_cast<int64_t>(lo.size());
-  ST_RETURN_IF_ERROR(
-      p.pg.AllReduce(lo.data(), K, DType::kF32, comm::ReduceOp::kMin, p.collective));
-  ST_RETURN_IF_ERROR(
-      p.pg.AllReduce(hi.data(), K, DType::kF32, comm::ReduceOp::kMax, p.collective));
+  ST_RETURN_IF_ERROR(p.pg.AllReduce(lo.data(), K, DType::kF32, comm::ReduceOp::kMin, p.collective));
+  ST_RETURN_IF_ERROR(p.pg.AllReduce(hi.data(), K, DType::kF32, comm::ReduceOp::kMax, p.collective));
   for (size_t k = 0; k < extremes.size(); ++k) extremes[k] = {lo[k], hi[k]};
   out.loss = sums[0];
   out.objective_metrics = run.round_metrics;

@@ -50,8 +50,8 @@ struct GrpoRun {
   // The current round: this rank's completions as training rows, per micro-batch.
   struct Micro {
     TokenBatch batch;
-    std::vector<double> advantages;             // [B]
-    std::vector<float> old_logp, ref_logp;      // [B*T] when needed
+    std::vector<double> advantages;         // [B]
+    std::vector<float> old_logp, ref_logp;  // [B*T] when needed
   };
   std::vector<Micro> round;
   std::vector<std::pair<std::string, double>> round_metrics;  // reward, completions/..., per round
