@@ -163,5 +163,33 @@ TEST(Precision, WithoutBf16InstructionsAutoIsFp32AndBf16IsOneError) {
       << fine.out;
 }
 
+// The portable binary picks its kernels' x86-64 level at run time: `step` names the level it runs
+// (the CPU's best, or the cap SLICETRAIN_MAX_CPU_ISA sets, as ONEDNN_MAX_CPU_ISA caps oneDNN), the
+// capped run computes the same loss, and a bad cap is one error line before anything runs.
+TEST(KernelIsa, StepNamesTheLevelItRunsAndTheCapIsHonoured) {
+  const std::string step = std::string(ST_BINARY) +
+                           " step --model-id gemma4-tiny --batch-size 1 --seq-len 16 --steps 1 "
+                           "--precision fp32";
+  const Ran best = RunCommand(step);
+  ASSERT_EQ(best.code, 0) << best.out;
+  EXPECT_NE(best.out.find(std::string("kernels ") + cpu::KernelIsaName(cpu::CpuKernelIsa())),
+            std::string::npos)
+      << best.out;
+  const Ran capped = RunCommand("SLICETRAIN_MAX_CPU_ISA=x86-64-v2 " + step);
+  ASSERT_EQ(capped.code, 0) << capped.out;
+  EXPECT_NE(capped.out.find("kernels SSE4.2 (x86-64-v2)"), std::string::npos) << capped.out;
+  // The same loss at every level (elementwise kernels differ only in summation order).
+  const std::regex loss_re("loss[= ]+([0-9.]+)");
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(best.out, a, loss_re)) << best.out;
+  ASSERT_TRUE(std::regex_search(capped.out, b, loss_re)) << capped.out;
+  EXPECT_NEAR(std::stod(a[1]), std::stod(b[1]), 1e-4 * std::stod(a[1]));
+  const Ran bad = RunCommand("SLICETRAIN_MAX_CPU_ISA=avx9 " + step);
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("error: SLICETRAIN_MAX_CPU_ISA='avx9' is not one of x86-64-v4"),
+            std::string::npos)
+      << bad.out;
+}
+
 }  // namespace
 }  // namespace st

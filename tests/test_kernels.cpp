@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/gelu.h"
@@ -865,6 +866,59 @@ TEST(Kernels, FewRowProductEqualsTheDotProducts) {
         }
     }
   }
+}
+
+// Runtime ISA dispatch (kernels/cpu/isa_kernels.h): a cap picks that level's kernels, every level
+// this CPU runs agrees with the best one on the ops with hand-written or vectorised paths (within
+// fp32 summation-order error: 1e-5 of the sum of |terms| for products, 1e-5 relative elsewhere),
+// and the level names parse. The whole file also runs under each cap as its own ctest entries
+// (tests/CMakeLists.txt: x86-64-v3.*, x86-64-v2.*), each op against the reference there.
+TEST(KernelIsa, EveryLevelThisCpuRunsAgreesWithTheBest) {
+  const cpu::KernelIsa best = cpu::ActiveKernelIsa();
+  const int64_t in = 512, out = 37, N = 5, n = 4099;
+  const std::vector<float> w = RandomVec(out * in, 31), x = RandomVec(N * in, 32);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = FloatToBF16(w[i]);
+  const std::vector<float> a = RandomVec(n, 33, 3.0f), b = RandomVec(n, 34);
+  struct Outputs {
+    std::vector<float> few, few16, gemv16, gelu;
+  };
+  auto run = [&] {
+    Outputs o;
+    o.few.resize(N * out);
+    o.few16.resize(N * out);
+    o.gemv16.resize(out);
+    o.gelu.resize(n);
+    std::vector<float> scratch(cpu::Bf16ScratchFloats(in));
+    cpu::LinearForwardFew(x.data(), w.data(), o.few.data(), N, in, out);
+    cpu::LinearForwardFew(x.data(), w16.data(), o.few16.data(), N, in, out);
+    cpu::LinearForwardBf16(x.data(), w16.data(), o.gemv16.data(), 1, in, out, scratch.data());
+    cpu::GeluMulForward(a.data(), b.data(), o.gelu.data(), n);
+    return o;
+  };
+  const Outputs want = run();
+  for (int level = 2; level <= static_cast<int>(best); ++level) {
+    const auto isa = static_cast<cpu::KernelIsa>(level);
+    cpu::LimitKernelIsa(isa);
+    ASSERT_EQ(cpu::ActiveKernelIsa(), isa);
+    const Outputs got = run();
+    cpu::LimitKernelIsa(std::nullopt);
+    const double tol = 1e-5 * double(in);  // N(0,1) inputs: the sum of |terms| is about 0.64 in
+    for (size_t i = 0; i < want.few.size(); ++i) {
+      EXPECT_NEAR(got.few[i], want.few[i], tol) << cpu::KernelIsaName(isa) << " " << i;
+      EXPECT_NEAR(got.few16[i], want.few16[i], tol) << cpu::KernelIsaName(isa);
+    }
+    for (size_t i = 0; i < want.gemv16.size(); ++i)
+      EXPECT_NEAR(got.gemv16[i], want.gemv16[i], tol) << cpu::KernelIsaName(isa);
+    EXPECT_LT(RelError(got.gelu, want.gelu), 1e-5) << cpu::KernelIsaName(isa);
+  }
+  EXPECT_EQ(cpu::ActiveKernelIsa(), best);
+  EXPECT_EQ(*cpu::ParseKernelIsa("avx2"), cpu::KernelIsa::kX86_64_v3);
+  EXPECT_EQ(*cpu::ParseKernelIsa("X86-64-V4"), cpu::KernelIsa::kX86_64_v4);
+  EXPECT_EQ(*cpu::ParseKernelIsa("sse4.2"), cpu::KernelIsa::kX86_64_v2);
+  const StatusOr<cpu::KernelIsa> bad = cpu::ParseKernelIsa("avx9");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("is not one of x86-64-v4"), std::string::npos);
 }
 
 }  // namespace

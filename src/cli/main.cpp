@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "comm/group.h"
 #include "core/tensor.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "launch/cluster_env.h"
 #include "launch/resources.h"
@@ -150,6 +151,12 @@ int main(int argc, char** argv) {
   // collective names the lost rank (PeerKilled.SurvivorsReportItWithinTheTimeout/tcp); writes to
   // a closed stdout pipe fail the same way, as in Python.
   st::comm::CatchSigpipe();
+  // A bad SLICETRAIN_MAX_CPU_ISA, or a -march=native build on another CPU: one line, not SIGILL
+  // somewhere later.
+  if (st::Status isa = st::cpu::CheckKernelIsa(); !isa.ok()) {
+    std::fprintf(stderr, "slicetrain: error: %s\n", isa.message().c_str());
+    return 2;
+  }
   CLI::App app{"slicetrain: fine-tune Gemma 4 models over a slice of devices (CPU workers here)",
                "slicetrain"};
   app.require_subcommand(1);

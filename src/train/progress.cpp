@@ -55,8 +55,9 @@ std::string ComputeSummary(Precision p, int threads) {
                                        " with fp32 accumulation, fp32 master weights")
                               : std::string("fp32 matmuls");
   return StrCat("precision=", PrecisionName(p), " (", how, "); CPU ",
-                f.model.empty() ? std::string("unknown") : f.model, " [", cpu::IsaName(f), "], ",
-                threads, threads == 1 ? " thread" : " threads", " per worker");
+                f.model.empty() ? std::string("unknown") : f.model, " [", cpu::IsaName(f),
+                "], kernels ", cpu::KernelIsaName(cpu::ActiveKernelIsa()), ", ", threads,
+                threads == 1 ? " thread" : " threads", " per worker");
 }
 
 ProgressReporter::ProgressReporter(int rank, std::string mode, int64_t num_epochs,

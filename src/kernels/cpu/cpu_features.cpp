@@ -3,6 +3,9 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -113,6 +116,95 @@ StatusOr<Precision> ResolvePrecision(const std::string& name, std::string* why) 
     return Precision::kFp32;
   }
   return InvalidArgument("--precision '" + name + "' is not one of auto, bf16, fp32");
+}
+
+const char* KernelIsaName(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kX86_64_v4:
+      return "AVX-512 (x86-64-v4)";
+    case KernelIsa::kX86_64_v3:
+      return "AVX2 (x86-64-v3)";
+    case KernelIsa::kX86_64_v2:
+      break;
+  }
+  return "SSE4.2 (x86-64-v2)";
+}
+
+KernelIsa CpuKernelIsa() {
+  // libgcc's cpu model checks the OS's XCR0 for the AVX and AVX-512 state, as Read() does.
+  static const KernelIsa best = __builtin_cpu_supports("x86-64-v4")   ? KernelIsa::kX86_64_v4
+                                : __builtin_cpu_supports("x86-64-v3") ? KernelIsa::kX86_64_v3
+                                                                      : KernelIsa::kX86_64_v2;
+  return best;
+}
+
+StatusOr<KernelIsa> ParseKernelIsa(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "x86-64-v4" || n == "avx512" || n == "avx-512") return KernelIsa::kX86_64_v4;
+  if (n == "x86-64-v3" || n == "avx2") return KernelIsa::kX86_64_v3;
+  if (n == "x86-64-v2" || n == "sse4.2" || n == "sse42") return KernelIsa::kX86_64_v2;
+  return InvalidArgument("SLICETRAIN_MAX_CPU_ISA='" + name +
+                         "' is not one of x86-64-v4 (avx512), x86-64-v3 (avx2), "
+                         "x86-64-v2 (sse4.2); unset it to use the best this CPU has");
+}
+
+namespace {
+
+// The cap from the environment, read once; an unparsable value is reported by CheckKernelIsa
+// and otherwise ignored here.
+KernelIsa EnvironmentCap() {
+  static const KernelIsa cap = [] {
+    const char* v = std::getenv("SLICETRAIN_MAX_CPU_ISA");
+    if (!v || !*v) return KernelIsa::kX86_64_v4;
+    StatusOr<KernelIsa> isa = ParseKernelIsa(v);
+    return isa.ok() ? *isa : KernelIsa::kX86_64_v4;
+  }();
+  return cap;
+}
+
+std::atomic<int> g_limit{static_cast<int>(KernelIsa::kX86_64_v4)};
+
+// The level this translation unit was compiled for (-march), which the whole binary needs.
+constexpr int BuildLevel() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+  return 4;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return 3;
+#elif defined(__SSE4_2__) && defined(__POPCNT__)
+  return 2;
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
+KernelIsa ActiveKernelIsa() {
+  const int level = std::min({static_cast<int>(CpuKernelIsa()), static_cast<int>(EnvironmentCap()),
+                              g_limit.load(std::memory_order_relaxed)});
+  return static_cast<KernelIsa>(level);
+}
+
+void LimitKernelIsa(std::optional<KernelIsa> max) {
+  g_limit.store(static_cast<int>(max.value_or(KernelIsa::kX86_64_v4)), std::memory_order_relaxed);
+}
+
+Status CheckKernelIsa() {
+  const int need = BuildLevel();
+  if (need >= 2 && !__builtin_cpu_supports(need == 4   ? "x86-64-v4"
+                                           : need == 3 ? "x86-64-v3"
+                                                       : "x86-64-v2"))
+    return Unavailable(
+        "this slicetrain binary was built for x86-64-v" + std::to_string(need) +
+        " (or -march=native on another machine) and this CPU (" +
+        (DetectCpu().model.empty() ? std::string("unknown model") : DetectCpu().model) +
+        ") lacks it; rebuild with the default -DSLICETRAIN_NATIVE=OFF");
+  if (const char* v = std::getenv("SLICETRAIN_MAX_CPU_ISA"); v && *v) {
+    StatusOr<KernelIsa> isa = ParseKernelIsa(v);
+    if (!isa.ok()) return isa.status();
+  }
+  return Status::Ok();
 }
 
 }  // namespace st::cpu

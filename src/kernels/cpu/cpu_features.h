@@ -3,6 +3,7 @@
 // the engine asks for a Precision, and the kernels map it onto what is here.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -37,5 +38,30 @@ bool HasNativeBf16Gemm();
 // is an error naming the fix (emulated bf16 is slower than fp32: nobody wants it by accident).
 // *why receives a short reason for the choice ("auto: AVX512-BF16"), for the setup line.
 StatusOr<Precision> ResolvePrecision(const std::string& name, std::string* why = nullptr);
+
+// Our own hand-written kernels (kernels/cpu/isa_*.cpp: elementwise ops, norms, RoPE, attention,
+// the decoder's matrix-vector and few-row products) are compiled once per x86-64 level and picked
+// per machine at run time, so the default build is portable (baseline x86-64-v2) and still runs
+// AVX-512 where the CPU has it. The libraries (OpenBLAS, oneDNN) dispatch on their own.
+enum class KernelIsa : int {
+  kX86_64_v2 = 2,  // SSE4.2 (the baseline every x86-64 server since 2009 has)
+  kX86_64_v3 = 3,  // AVX2 + FMA (Haswell, Zen 1 and later)
+  kX86_64_v4 = 4,  // AVX-512 F/BW/VL/DQ/CD (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4)
+};
+// "AVX-512 (x86-64-v4)", "AVX2 (x86-64-v3)", "SSE4.2 (x86-64-v2)".
+const char* KernelIsaName(KernelIsa isa);
+// The best level this CPU (and its OS: the AVX register state) supports.
+KernelIsa CpuKernelIsa();
+// Accepts the level names (x86-64-v4|v3|v2) and their ISA nicknames (avx512|avx2|sse4.2).
+StatusOr<KernelIsa> ParseKernelIsa(const std::string& name);
+// The level the kernels run at: the CPU's, capped by SLICETRAIN_MAX_CPU_ISA (as oneDNN's
+// ONEDNN_MAX_CPU_ISA caps its own) and by LimitKernelIsa. Read on every dispatch (cheap).
+KernelIsa ActiveKernelIsa();
+// Caps the level for this process from now on (tests run every compiled variant this way);
+// nullopt lifts the cap set here (the environment's stays).
+void LimitKernelIsa(std::optional<KernelIsa> max);
+// One line for a bad SLICETRAIN_MAX_CPU_ISA, or for a CPU below the level this binary was built
+// for; main() checks it before any command runs.
+Status CheckKernelIsa();
 
 }  // namespace st::cpu
