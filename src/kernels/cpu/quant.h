@@ -1,0 +1,52 @@
+// ggml's tensor element types and their quantization blocks, as GGUF files (llama.cpp, Ollama)
+// store them: written from ggml's definitions (ggml-common.h's block structs, ggml-quants.c's
+// reference quantizers), checked byte for byte against the `gguf` package's numpy versions
+// (tools/make_gguf_fixtures.py, tests/test_gguf.cpp). A block is `block_elems` consecutive values
+// of one row (rows are never split: a row's length must be a multiple of it) in `block_bytes`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace st {
+
+// The ids are ggml's (enum ggml_type); only the types slicetrain reads or writes are named.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+struct GgmlTypeInfo {
+  GgmlType type;
+  const char* name;     // ggml's spelling: "F32", "Q8_0", "Q4_K", ...
+  int64_t block_elems;  // values per block (1 for the float types)
+  int64_t block_bytes;  // bytes per block
+  bool quantize;        // QuantizeRow supports it (the K-quants are read-only for now)
+};
+
+// nullopt for a type id slicetrain does not know.
+std::optional<GgmlTypeInfo> GgmlTypeOf(uint32_t id);
+GgmlTypeInfo GgmlTypeOf(GgmlType t);
+// "q8_0", "Q8_0", "bf16", ... (case-insensitive) to the type; nullopt when unknown.
+std::optional<GgmlType> ParseGgmlType(const std::string& name);
+
+// Bytes of n values (n a multiple of the block; 0 when it is not).
+size_t GgmlRowBytes(GgmlType t, int64_t n);
+
+// One row of n fp32 values into `out` (GgmlRowBytes(t, n) bytes), as ggml's reference quantizers
+// do: F32 as is, F16 and BF16 rounded to nearest even (NaN kept quiet), Q8_0 (per 32 values the
+// fp16 scale d = max|x| / 127 and round-half-away(x / d)), Q4_0 (d = the value of largest magnitude
+// / -8, nibbles min(15, trunc(x / d + 8.5)), the block's first half in the low nibbles). Types with
+// quantize == false are refused (false).
+bool QuantizeRow(GgmlType t, const float* x, int64_t n, void* out);
+// The n values of one stored row back to fp32 (every type of GgmlTypeOf, the K-quants included).
+void DequantizeRow(GgmlType t, const void* in, int64_t n, float* out);
+
+}  // namespace st
