@@ -10,7 +10,7 @@ SECONDS_PER_TARGET="${1:-20}"
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(fuzz_safetensors fuzz_model_dir fuzz_dataset fuzz_parquet fuzz_tokenizer fuzz_config
+  TARGETS=(fuzz_safetensors fuzz_gguf fuzz_model_dir fuzz_dataset fuzz_parquet fuzz_tokenizer fuzz_config
            fuzz_store_protocol)
 fi
 
