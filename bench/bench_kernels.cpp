@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/ref/attention_probs.h"
 
 namespace st {
@@ -167,6 +169,51 @@ void BM_SoftcapCrossEntropy(benchmark::State& s) {
   s.SetItemsProcessed(s.iterations() * kN);  // tokens
 }
 BENCHMARK(BM_SoftcapCrossEntropy)->Unit(benchmark::kMillisecond);
+
+// The decoder's products at E2B's widths: eight [6144, 1536] MLP matrices stacked (out 49152, in
+// 1536: 75-300 MB, more than any L3, as a decoding step reads every layer's weights from memory),
+// for `rows` tokens at once (1: one sequence; 8: a batch of sequences), with the weights held in
+// fp32, bf16 or Q8_0 (format 0, 1, 2). bytes/s counts the matrix's bytes per call, so formats
+// compare by time for the same matrix.
+void BM_DecodeProduct(benchmark::State& s) {
+  const int64_t in = 1536, out = 8 * 6144, rows = s.range(1);
+  const int format = static_cast<int>(s.range(0));
+  const std::vector<float> w = Rand(out * in, 6), x = Rand(rows * in, 7);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = FloatToBF16(w[i]);
+  const size_t q_row = GgmlRowBytes(GgmlType::kQ8_0, in);
+  std::vector<uint8_t> q(out * q_row);
+  for (int64_t o = 0; o < out; ++o)
+    QuantizeRow(GgmlType::kQ8_0, w.data() + o * in, in, q.data() + o * q_row);
+  std::vector<float> y(rows * out), scratch(cpu::Bf16ScratchFloats(in));
+  double bytes = 0;
+  for (auto _ : s) {
+    if (format == 0) {
+      if (rows == 1)
+        cpu::LinearForward(x.data(), w.data(), y.data(), 1, in, out, 1.0f, false);
+      else
+        cpu::LinearForwardFew(x.data(), w.data(), y.data(), rows, in, out);
+      bytes = 4.0 * in * out;
+    } else if (format == 1) {
+      if (rows == 1)
+        cpu::LinearForwardBf16(x.data(), w16.data(), y.data(), 1, in, out, scratch.data());
+      else
+        cpu::LinearForwardFew(x.data(), w16.data(), y.data(), rows, in, out);
+      bytes = 2.0 * in * out;
+    } else {
+      cpu::LinearForwardQ8_0(x.data(), q.data(), y.data(), rows, in, out);
+      bytes = double(q.size());
+    }
+  }
+  s.SetLabel(format == 0 ? "fp32" : format == 1 ? "bf16" : "q8_0");
+  s.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  s.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * rows * in * out, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DecodeProduct)
+    ->ArgNames({"format", "rows"})
+    ->ArgsProduct({{0, 1, 2}, {1, 8}})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace st

@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fastmath.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/gelu.h"
 #include "kernels/ref/attention_probs.h"
 #include "kernels/ref/ops_ref.h"
@@ -919,6 +920,38 @@ TEST(KernelIsa, EveryLevelThisCpuRunsAgreesWithTheBest) {
   const StatusOr<cpu::KernelIsa> bad = cpu::ParseKernelIsa("avx9");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("is not one of x86-64-v4"), std::string::npos);
+}
+
+// The Q8_0 product (cpu::LinearForwardQ8_0) against double-precision dot products with the
+// dequantized weights: 1 to 17 rows (the AVX-512 path's passes of 8 and their remainders), widths
+// of one and of many blocks, an odd number of output rows (tolerance 1e-5 of the sum of |terms|:
+// fp32 accumulation; under the ctest caps also the SSE4.2 and AVX2 levels' plain loops).
+TEST(Kernels, Q8_0ProductEqualsTheDotProductsWithDequantizedWeights) {
+  for (const int64_t in : {32, 1536}) {
+    const int64_t out = 29;
+    const std::vector<float> w = RandomVec(out * in, 41);
+    const size_t row_bytes = GgmlRowBytes(GgmlType::kQ8_0, in);
+    std::vector<uint8_t> q(out * row_bytes);
+    std::vector<float> wd(w.size());
+    for (int64_t o = 0; o < out; ++o) {
+      ASSERT_TRUE(QuantizeRow(GgmlType::kQ8_0, w.data() + o * in, in, q.data() + o * row_bytes));
+      DequantizeRow(GgmlType::kQ8_0, q.data() + o * row_bytes, in, wd.data() + o * in);
+    }
+    for (const int64_t N : {1, 2, 5, 8, 9, 17}) {
+      const std::vector<float> x = RandomVec(N * in, 42 + N);
+      std::vector<float> y(N * out);
+      cpu::LinearForwardQ8_0(x.data(), q.data(), y.data(), N, in, out);
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t o = 0; o < out; ++o) {
+          double want = 0, mag = 0;
+          for (int64_t j = 0; j < in; ++j) {
+            want += static_cast<double>(x[t * in + j]) * wd[o * in + j];
+            mag += std::abs(static_cast<double>(x[t * in + j]) * wd[o * in + j]);
+          }
+          EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
+        }
+    }
+  }
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/attn_mask.h"
 #include "kernels/cpu/fastmath.h"
@@ -56,6 +57,7 @@ struct KernelTable {
   decltype(&LinearForwardBf16) linear_forward_bf16;
   void (*linear_forward_few_f32)(const float*, const float*, float*, int64_t, int64_t, int64_t);
   void (*linear_forward_few_bf16)(const float*, const uint16_t*, float*, int64_t, int64_t, int64_t);
+  decltype(&LinearForwardQ8_0) linear_forward_q8_0;
 };
 
 namespace v2 {
