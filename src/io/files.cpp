@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -98,21 +99,30 @@ StatusOr<std::string> ReadTextFile(const std::string& path) {
   return text;
 }
 
+Status WriteAll(int fd, const void* buf, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(buf);
+  while (size > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(size, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const bool full = w < 0 && errno == ENOSPC;
+      return IoError(StrCat(path, ": write failed: ", w < 0 ? Errno() : std::string("no progress"),
+                            full ? " (is the disk full?)" : ""));
+    }
+    p += w;
+    size -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
 Status WriteFileDurably(const std::string& path, const std::string& text) {
   const std::string tmp = StrCat(path, ".tmp", ::getpid());
   {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) return IoError(StrCat(tmp, ": cannot create: ", Errno()));
-    size_t off = 0;
-    while (off < text.size()) {
-      const ssize_t k = ::write(fd.get(), text.data() + off, text.size() - off);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) {
-        const std::string why = Errno();
-        ::unlink(tmp.c_str());
-        return IoError(StrCat(tmp, ": write failed: ", why, " (is the disk full?)"));
-      }
-      off += static_cast<size_t>(k);
+    if (Status w = WriteAll(fd.get(), text.data(), text.size(), tmp); !w.ok()) {
+      ::unlink(tmp.c_str());
+      return w;
     }
     if (::fsync(fd.get()) != 0) {
       const std::string why = Errno();

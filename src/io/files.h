@@ -4,6 +4,7 @@
 // Not a file-system abstraction: plain POSIX paths only.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ std::string HashText(const std::string& text);
 // File systems that cannot fsync a directory (EINVAL) are accepted as they are.
 Status FsyncFile(const std::string& path);
 Status FsyncDir(const std::string& dir);
+
+// Writes all of buf to fd, retrying short writes and EINTR; an error names path (and says the
+// disk may be full on ENOSPC).
+Status WriteAll(int fd, const void* buf, size_t size, const std::string& path);
 
 // The whole file as a string (small text files: a README, a config); an error names the path.
 StatusOr<std::string> ReadTextFile(const std::string& path);

@@ -274,20 +274,6 @@ uint64_t PadTo(uint64_t n, uint64_t align) {
   return (n + align - 1) / align * align;
 }
 
-Status WriteAllTo(int fd, const void* buf, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(buf);
-  while (size > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(size, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError(StrCat(path, ": write failed: ", Errno(errno)));
-    }
-    p += w;
-    size -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 const char* GgufValueTypeName(GgufValueType t) {
@@ -595,7 +581,7 @@ Status GgufWriter::Write(const std::string& path, const FillFn& fill) {
   head.resize(PadTo(head.size(), alignment_), '\0');
   Fd fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return IoError(StrCat(tmp_, ": cannot create: ", Errno(errno)));
-  ST_RETURN_IF_ERROR(WriteAllTo(fd.get(), head.data(), head.size(), tmp_));
+  ST_RETURN_IF_ERROR(WriteAll(fd.get(), head.data(), head.size(), tmp_));
   std::vector<uint8_t> bytes;
   const std::vector<uint8_t> zeros(alignment_, 0);
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -604,9 +590,9 @@ Status GgufWriter::Write(const std::string& path, const FillFn& fill) {
     if (bytes.size() != tensors_[i].bytes)
       return Internal(StrCat(path, ": tensor '", tensors_[i].name, "' came with ", bytes.size(),
                              " bytes, not ", tensors_[i].bytes));
-    ST_RETURN_IF_ERROR(WriteAllTo(fd.get(), bytes.data(), bytes.size(), tmp_));
+    ST_RETURN_IF_ERROR(WriteAll(fd.get(), bytes.data(), bytes.size(), tmp_));
     const size_t pad = PadTo(bytes.size(), alignment_) - bytes.size();
-    ST_RETURN_IF_ERROR(WriteAllTo(fd.get(), zeros.data(), pad, tmp_));
+    ST_RETURN_IF_ERROR(WriteAll(fd.get(), zeros.data(), pad, tmp_));
   }
   if (::fsync(fd.get()) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", Errno(errno)));
   return Status::Ok();

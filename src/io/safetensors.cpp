@@ -17,6 +17,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "io/files.h"
+
 namespace st {
 
 static_assert(std::endian::native == std::endian::little,
@@ -322,21 +324,6 @@ Status CopyBoolsToI32(const unsigned char* src, int64_t n, int32_t* dst, const s
                              static_cast<int>(src[i]), ", not 0 or 1"));
     }
     dst[i] = src[i];
-  }
-  return Status::Ok();
-}
-
-// Writes all of buf, retrying short writes and EINTR.
-Status WriteAll(int fd, const void* buf, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(buf);
-  while (size > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(size, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError(StrCat(path, ": write failed: ", ErrnoString(errno)));
-    }
-    p += w;
-    size -= static_cast<size_t>(w);
   }
   return Status::Ok();
 }
