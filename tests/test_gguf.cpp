@@ -185,10 +185,11 @@ TEST(Gguf, OurWriterReproducesTheGgufPackagesBytes) {
     for (const auto& [key, v] : f->metadata()) w.Set(key, v);
     for (const GgufTensorInfo& t : f->tensors())
       ASSERT_TRUE(w.AddTensor(t.name, t.ne, t.type).ok());
-    const Status s = w.Write(out, [&](size_t i, std::vector<uint8_t>* bytes) {
+    // Each tensor in two pieces, as an exporter streaming rows gives them.
+    const Status s = w.Write(out, [&](size_t i, const GgufWriter::PutFn& put) {
       const GgufTensorInfo& t = f->tensors()[i];
-      bytes->assign(f->Data(t), f->Data(t) + t.bytes);
-      return Status::Ok();
+      ST_RETURN_IF_ERROR(put(f->Data(t), t.bytes / 2));
+      return put(f->Data(t) + t.bytes / 2, t.bytes - t.bytes / 2);
     });
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_FALSE(fs::exists(out));  // nothing at the final path before Commit
@@ -203,12 +204,28 @@ TEST(Gguf, OurWriterReproducesTheGgufPackagesBytes) {
     w.Set("general.architecture", GgufValue::String("x"));
     ASSERT_TRUE(w.AddTensor("t", {32, 2}, GgmlType::kQ8_0).ok());
     ASSERT_TRUE(w.AddTensor("u", {4}, GgmlType::kF32).ok());
-    const Status s = w.Write(failed, [](size_t i, std::vector<uint8_t>* bytes) {
+    const std::vector<uint8_t> zeros(68, 0);
+    const Status s = w.Write(failed, [&](size_t i, const GgufWriter::PutFn& put) {
       if (i == 1) return IoError("the source went away");
-      bytes->assign(68, 0);
-      return Status::Ok();
+      return put(zeros.data(), zeros.size());
     });
     EXPECT_FALSE(s.ok());
+    // A tensor given too few or too many bytes is refused, not written out of place.
+    GgufWriter short_writer, long_writer;
+    ASSERT_TRUE(short_writer.AddTensor("t", {32, 2}, GgmlType::kQ8_0).ok());
+    ASSERT_TRUE(long_writer.AddTensor("t", {32, 2}, GgmlType::kQ8_0).ok());
+    EXPECT_FALSE(
+        short_writer
+            .Write(failed,
+                   [&](size_t, const GgufWriter::PutFn& put) { return put(zeros.data(), 67); })
+            .ok());
+    EXPECT_FALSE(long_writer
+                     .Write(failed,
+                            [&](size_t, const GgufWriter::PutFn& put) {
+                              ST_RETURN_IF_ERROR(put(zeros.data(), 68));
+                              return put(zeros.data(), 1);
+                            })
+                     .ok());
   }
   EXPECT_FALSE(fs::exists(failed));
   for (const auto& e : fs::directory_iterator(dir))

@@ -1,14 +1,17 @@
-// `slicetrain export`: a base model with a LoRA adapter merged into its weights (PEFT's
+// `slicetrain export`: a model, or a base with a LoRA adapter merged into its weights (PEFT's
 // merge_and_unload), written as a Hugging Face model directory that transformers loads without
-// PEFT, with the adapter's (or the base's) tokenizer beside it. One process, one tensor at a time.
+// PEFT (--format hf, with the adapter's or the base's tokenizer beside it) or as one GGUF file for
+// llama.cpp and Ollama (--format gguf, io/gguf_export.h). One process, one tensor at a time.
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/commands.h"
 #include "io/files.h"
+#include "io/gguf_export.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
+#include "train/step_metrics.h"
 
 namespace st::cli {
 
@@ -18,9 +21,103 @@ namespace fs = std::filesystem;
 
 struct ExportArgs {
   std::string model_id, adapter, output, save_dtype, max_shard_size = "5GB";
+  std::string format = "hf", quant = "bf16", tokenizer, data_dir, name;
+  bool ollama = false;
 };
 
+// The directory whose tokenizer goes into a GGUF file: --tokenizer, the adapter's (a slicetrain
+// checkpoint carries one), the model's, else the bundled one (a preset).
+StatusOr<std::string> GgufTokenizerDir(const ExportArgs& a, const std::string& model_dir) {
+  std::error_code ec;
+  if (!a.tokenizer.empty())
+    return fs::is_directory(a.tokenizer, ec) ? a.tokenizer
+                                             : fs::path(a.tokenizer).parent_path().string();
+  for (const std::string& dir : {a.adapter, model_dir})
+    if (!dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json", ec)) return dir;
+  ST_ASSIGN_OR_RETURN(const std::string data_dir, BundledDataDir(a.data_dir, true));
+  return (fs::path(data_dir) / "tokenizer").string();
+}
+
+Status RunGguf(const ExportArgs& a) {
+  ST_ASSIGN_OR_RETURN(const GgmlType type, ParseGgufQuant(a.quant));
+  std::error_code ec;
+  if (fs::exists(a.output, ec))
+    return InvalidArgument(
+        StrCat("--output ", a.output, " exists; name a new file (or remove it first)"));
+  const fs::path out(a.output);
+  if (out.has_parent_path()) {
+    fs::create_directories(out.parent_path(), ec);
+    if (ec)
+      return IoError(StrCat("cannot create ", out.parent_path().string(), ": ", ec.message()));
+  }
+  ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
+  if (!a.adapter.empty()) {
+    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(a.adapter, {kAdapterConfigFile, kAdapterWeightsFile})
+                           .WithContext("--adapter " + a.adapter));
+    ST_RETURN_IF_ERROR(AttachPeftAdapter(&m, a.adapter));
+  }
+  GgufExportOptions o;
+  o.output = a.output;
+  o.weight_type = type;
+  const bool is_dir = fs::is_directory(model_id, ec);
+  ST_ASSIGN_OR_RETURN(o.tokenizer_dir, GgufTokenizerDir(a, is_dir ? model_id : ""));
+  o.name = a.name;
+  if (o.name.empty()) {
+    const fs::path named = fs::path(a.adapter.empty() ? model_id : a.adapter).lexically_normal();
+    o.name = (named.has_filename() ? named : named.parent_path()).filename().string();
+  }
+  ST_ASSIGN_OR_RETURN(const GgufExportReport r, ExportGguf(m, o));
+  std::string types;
+  for (const auto& [t, n] : r.tensors_per_type)
+    types += StrCat(types.empty() ? "" : ", ", n, " ", GgmlTypeOf(t).name);
+  std::printf("Exported %s%s to %s: GGUF gemma4, %lld tensors (%s), %.1f MB\n", m.source.c_str(),
+              a.adapter.empty() ? "" : StrCat(" with the adapter ", a.adapter, " merged").c_str(),
+              a.output.c_str(), static_cast<long long>(r.tensors), types.c_str(),
+              static_cast<double>(r.file_bytes) / 1e6);
+  std::printf(
+      "Tokenizer: %zu tokens from %s (%lld padding entries up to the model's rows), "
+      "chat template: %s\n",
+      r.vocab.tokens.size(), o.tokenizer_dir.c_str(),
+      static_cast<long long>(r.vocab.padding_tokens),
+      r.vocab.chat_template.empty() ? "none" : r.vocab.chat_template_source.c_str());
+  if (r.vocab.newline_joining_tokens > 0)
+    std::printf(
+        "Warning: %lld tokens of this tokenizer join a newline with other text; llama.cpp's "
+        "gemma4 tokenizer splits text at newlines first, so it tokenizes text around "
+        "newlines differently (Gemma 4's own vocabulary has no such tokens)\n",
+        static_cast<long long>(r.vocab.newline_joining_tokens));
+  std::printf(
+      "Checked after reload: every tensor within its format's bound; largest RMS error "
+      "%.3g %% of the tensor's RMS (%s)\n",
+      100 * r.worst_relative_rms_error, r.worst_tensor.c_str());
+  std::printf("Time: %.1f s, peak RSS %.0f MiB\n", r.seconds, ReadProcessMemory().peak_mib);
+  if (a.ollama) {
+    const fs::path modelfile = out.parent_path() / "Modelfile";
+    if (fs::exists(modelfile, ec))
+      return InvalidArgument(StrCat(modelfile.string(),
+                                    " exists; the GGUF file is written, the "
+                                    "Modelfile is not (remove it and rerun)"));
+    ST_RETURN_IF_ERROR(
+        WriteFileDurably(modelfile.string(), OllamaModelfile(out.filename().string(), r.vocab)));
+    std::printf("Ollama: %s (ollama create %s -f %s)\n", modelfile.string().c_str(), o.name.c_str(),
+                modelfile.string().c_str());
+  }
+  std::printf("Run it: llama-cli -m %s  (or llama-server -m %s)\n", a.output.c_str(),
+              a.output.c_str());
+  return Status::Ok();
+}
+
 Status Run(const ExportArgs& a) {
+  if (a.format == "gguf") return RunGguf(a);
+  if (a.format != "hf")
+    return InvalidArgument(StrCat("--format ", a.format,
+                                  ": use hf (a Hugging Face directory) or "
+                                  "gguf (one file for llama.cpp and Ollama)"));
+  if (a.adapter.empty())
+    return InvalidArgument(
+        "--format hf merges an adapter: give --adapter (a model without one is "
+        "a Hugging Face directory already)");
   ST_ASSIGN_OR_RETURN(const uint64_t max_shard, ParseByteSize(a.max_shard_size));
   std::error_code ec;
   if (fs::exists(a.output, ec) && !fs::is_empty(a.output, ec))
@@ -63,12 +160,34 @@ Status Run(const ExportArgs& a) {
 void RegisterExportCommand(CLI::App& app, Context& ctx) {
   auto a = std::make_shared<ExportArgs>();
   auto* cmd = app.add_subcommand(
-      "export", "Merge a LoRA adapter into its base model and write a Hugging Face model");
-  cmd->add_option("--model-id", a->model_id, "The base model: HF model directory, hub id or preset")
+      "export",
+      "Write a model (with a LoRA adapter merged) as a Hugging Face directory or a GGUF file");
+  cmd->add_option("--model-id", a->model_id,
+                  "The model: checkpoint or HF model directory, hub id or preset")
       ->required();
-  cmd->add_option("--adapter", a->adapter, "PEFT adapter directory (a LoRA checkpoint)")
+  cmd->add_option("--adapter", a->adapter,
+                  "PEFT adapter directory (a LoRA checkpoint) merged into the model (required "
+                  "with --format hf)");
+  cmd->add_option("--output", a->output,
+                  "New directory (--format hf) or new .gguf file (--format gguf)")
       ->required();
-  cmd->add_option("--output", a->output, "New directory for the merged model")->required();
+  cmd->add_option("--format", a->format,
+                  "hf: a Hugging Face model directory; gguf: one GGUF file for llama.cpp, Ollama "
+                  "and LM Studio")
+      ->capture_default_str();
+  cmd->add_option("--quant", a->quant,
+                  "GGUF: the matrices' format: f32, f16, bf16, q8_0 or q4_0 (norms stay f32)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "GGUF: tokenizer.json / directory (default: the adapter's, the model's, else "
+                  "the bundled one)");
+  cmd->add_option("--name", a->name, "GGUF: general.name (default: the directory's name)");
+  cmd->add_flag(
+      "--ollama", a->ollama,
+      "GGUF: also write an Ollama Modelfile beside the file (chat template, stop tokens)");
+  cmd->add_option("--data-dir", a->data_dir,
+                  "Bundled data directory (for a preset's tokenizer; default: found as finetune "
+                  "finds it)");
   cmd->add_option("--save-dtype", a->save_dtype,
                   "dtype of the merged tensors: bf16, fp16 or fp32 (default: the base's)");
   cmd->add_option("--max-shard-size", a->max_shard_size, "Largest weight file")

@@ -514,6 +514,15 @@ void GgufFile::ReadF32(const GgufTensorInfo& t, float* dst) const {
   for (int64_t r = 0; r < rows; ++r) DequantizeRow(t.type, p + r * row_bytes, row, dst + r * row);
 }
 
+void GgufFile::Release(const GgufTensorInfo& t) const {
+  // Whole pages inside the tensor only: a neighbour's pages may still be in use.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(Data(t));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + t.bytes) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 // ---- GgufWriter ----
 
 GgufWriter::~GgufWriter() {
@@ -547,8 +556,6 @@ Status GgufWriter::AddTensor(const std::string& name, std::vector<int64_t> ne, G
   t.ne = std::move(ne);
   t.type = type;
   t.bytes = static_cast<size_t>(t.Elements() / info.block_elems * info.block_bytes);
-  t.offset = 0;
-  for (const GgufTensorInfo& prev : tensors_) t.offset += PadTo(prev.bytes, alignment_);
   tensors_.push_back(std::move(t));
   return Status::Ok();
 }
@@ -556,7 +563,7 @@ Status GgufWriter::AddTensor(const std::string& name, std::vector<int64_t> ne, G
 Status GgufWriter::Write(const std::string& path, const FillFn& fill) {
   path_ = path;
   tmp_ = StrCat(path, ".tmp.", ::getpid());
-  // Offsets again, in case general.alignment came after the tensors.
+  // The offsets, now that the alignment is final.
   uint64_t offset = 0;
   for (GgufTensorInfo& t : tensors_) {
     t.offset = offset;
@@ -582,17 +589,23 @@ Status GgufWriter::Write(const std::string& path, const FillFn& fill) {
   Fd fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return IoError(StrCat(tmp_, ": cannot create: ", Errno(errno)));
   ST_RETURN_IF_ERROR(WriteAll(fd.get(), head.data(), head.size(), tmp_));
-  std::vector<uint8_t> bytes;
   const std::vector<uint8_t> zeros(alignment_, 0);
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    bytes.clear();
-    ST_RETURN_IF_ERROR(fill(i, &bytes));
-    if (bytes.size() != tensors_[i].bytes)
-      return Internal(StrCat(path, ": tensor '", tensors_[i].name, "' came with ", bytes.size(),
-                             " bytes, not ", tensors_[i].bytes));
-    ST_RETURN_IF_ERROR(WriteAll(fd.get(), bytes.data(), bytes.size(), tmp_));
-    const size_t pad = PadTo(bytes.size(), alignment_) - bytes.size();
-    ST_RETURN_IF_ERROR(WriteAll(fd.get(), zeros.data(), pad, tmp_));
+    const GgufTensorInfo& t = tensors_[i];
+    size_t written = 0;
+    const PutFn put = [&](const void* data, size_t n) -> Status {
+      if (n > t.bytes - written)
+        return Internal(
+            StrCat(path, ": tensor '", t.name, "' came with more than its ", t.bytes, " bytes"));
+      written += n;
+      return WriteAll(fd.get(), data, n, tmp_);
+    };
+    ST_RETURN_IF_ERROR(fill(i, put));
+    if (written != t.bytes)
+      return Internal(
+          StrCat(path, ": tensor '", t.name, "' came with ", written, " bytes, not ", t.bytes));
+    ST_RETURN_IF_ERROR(
+        WriteAll(fd.get(), zeros.data(), PadTo(written, alignment_) - written, tmp_));
   }
   if (::fsync(fd.get()) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", Errno(errno)));
   return Status::Ok();

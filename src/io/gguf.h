@@ -101,6 +101,9 @@ class GgufFile {
   const uint8_t* Data(const GgufTensorInfo& t) const;
   // The tensor as fp32 (every type GgmlTypeOf knows); dst holds t.Elements() floats.
   void ReadF32(const GgufTensorInfo& t, float* dst) const;
+  // Drops this process's pages of a tensor's bytes (they stay in the page cache): reading a
+  // multi-gigabyte file tensor by tensor then keeps RSS at one tensor.
+  void Release(const GgufTensorInfo& t) const;
   const std::string& path() const { return path_; }
   size_t data_offset() const { return data_offset_; }
 
@@ -135,8 +138,10 @@ class GgufWriter {
   Status AddTensor(const std::string& name, std::vector<int64_t> ne, GgmlType type);
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
 
-  // `fill(i, bytes)` gives tensor i's bytes (exactly tensors()[i].bytes), in order.
-  using FillFn = std::function<Status(size_t index, std::vector<uint8_t>* bytes)>;
+  // `fill(i, put)` gives tensor i's bytes, in order, through `put` in as many pieces as it likes
+  // (exactly tensors()[i].bytes in all), so that no tensor has to be whole in memory.
+  using PutFn = std::function<Status(const void* data, size_t bytes)>;
+  using FillFn = std::function<Status(size_t index, const PutFn& put)>;
   Status Write(const std::string& path, const FillFn& fill);
   // The temporary file Write produced (to reload and check before Commit).
   const std::string& temporary_path() const { return tmp_; }

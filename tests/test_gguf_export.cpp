@@ -1,0 +1,350 @@
+// `slicetrain export --format gguf` (io/gguf_export.h): what the file holds, read back with our own
+// GGUF reader. That llama.cpp loads these files, tokenizes as transformers does and computes
+// transformers' logits, and that our bytes equal llama.cpp's converter's, is checked by
+// tools/check_gguf.py against llama.cpp itself (docs/gguf.md has its figures).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "data/tokenizer.h"
+#include "io/gguf.h"
+#include "io/gguf_export.h"
+#include "io/hf_model.h"
+#include "io/model_loader.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+namespace st {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kBin = ST_BINARY;
+const std::string kTokenizer = ST_SOURCE_DIR "/data/tokenizer";
+
+// gemma4-tiny's shape with the layer layout llama.cpp runs (the last layer before the KV-shared
+// ones full-attention, the one before it sliding, as in E2B).
+Gemma4Config LlamaCppTiny() {
+  Gemma4Config c = PresetConfig("gemma4-tiny").value();
+  const LayerType S = LayerType::kSliding, F = LayerType::kFull;
+  c.layer_types = {S, S, S, F, S, F};
+  EXPECT_TRUE(c.Validate().ok());
+  return c;
+}
+
+LoadedModel PresetModel(const Gemma4Config& cfg) {
+  LoadedModel m;
+  m.config = cfg;
+  m.registry = BuildParamRegistry(cfg);
+  m.weights = std::make_unique<PresetWeights>(cfg, m.registry, 7);
+  m.source = "test preset";
+  return m;
+}
+
+const GgufValue& Meta(const GgufFile& f, const std::string& key) {
+  const GgufValue* v = f.Find(key);
+  EXPECT_NE(v, nullptr) << key;
+  static const GgufValue kNone;
+  return v ? *v : kNone;
+}
+
+TEST(GgufExport, TensorNamesAreLlamaCppGemma4s) {
+  EXPECT_EQ(GgufTensorName("embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(GgufTensorName("embed_tokens_per_layer.weight"), "per_layer_token_embd.weight");
+  EXPECT_EQ(GgufTensorName("norm.weight"), "output_norm.weight");
+  EXPECT_EQ(GgufTensorName("layers.12.self_attn.q_proj.weight"), "blk.12.attn_q.weight");
+  EXPECT_EQ(GgufTensorName("layers.0.layer_scalar"), "blk.0.layer_output_scale.weight");
+  EXPECT_EQ(GgufTensorName("layers.3.post_per_layer_input_norm.weight"), "blk.3.post_norm.weight");
+  EXPECT_EQ(GgufTensorName("layers.3.pre_feedforward_layernorm.weight"), "blk.3.ffn_norm.weight");
+  EXPECT_EQ(GgufTensorName("layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+  EXPECT_EQ(GgufTensorName("lm_head.weight"), "");
+  EXPECT_EQ(GgufTensorName("layers.x.mlp.down_proj.weight"), "");
+  // Every tensor of every preset has a name.
+  for (const std::string& preset : PresetNames()) {
+    const ParamRegistry reg = BuildParamRegistry(PresetConfig(preset).value());
+    for (const ArenaEntry& e : reg.layout.entries())
+      EXPECT_FALSE(GgufTensorName(e.name).empty()) << preset << " " << e.name;
+  }
+}
+
+TEST(GgufExport, QuantFlagNamesWhatIsWritten) {
+  EXPECT_EQ(ParseGgufQuant("Q8_0").value(), GgmlType::kQ8_0);
+  EXPECT_EQ(ParseGgufQuant("bf16").value(), GgmlType::kBF16);
+  EXPECT_EQ(ParseGgufQuant("fp16").value(), GgmlType::kF16);
+  EXPECT_EQ(ParseGgufQuant("q4_0").value(), GgmlType::kQ4_0);
+  const Status k = ParseGgufQuant("q4_k_m").status();
+  EXPECT_EQ(k.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(k.message().find("q8_0"), std::string::npos) << k.message();
+  EXPECT_FALSE(ParseGgufQuant("int3").ok());
+}
+
+// llama.cpp takes a shared layer's KV cache from fixed layers; a layout where that differs from
+// transformers' rule is refused rather than written for llama.cpp to compute wrong answers.
+TEST(GgufExport, RefusesLayoutsWhoseKvSharingLlamaCppGetsWrong) {
+  EXPECT_TRUE(CheckLlamaCppKvSharing(PresetConfig("gemma4-e2b").value()).ok());
+  EXPECT_TRUE(CheckLlamaCppKvSharing(LlamaCppTiny()).ok());
+  const Status tiny = CheckLlamaCppKvSharing(PresetConfig("gemma4-tiny").value());
+  EXPECT_EQ(tiny.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tiny.message().find("layer 4"), std::string::npos) << tiny.message();
+  const std::string dir = test::TempDir("gguf_export_refused");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.tokenizer_dir = kTokenizer;
+  EXPECT_FALSE(ExportGguf(PresetModel(PresetConfig("gemma4-tiny").value()), o).ok());
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+// The vocabulary: tokenizer.json's tokens by id, padded to the model's rows, with the token types
+// llama.cpp reads (specials CONTROL so that "<|turn>" in a prompt is one token, bytes BYTE).
+TEST(GgufExport, VocabularyHasTheTokenizersTokensAndTypes) {
+  StatusOr<GgufVocab> v = ReadGgufVocab(kTokenizer, 8192);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  StatusOr<Tokenizer> tok = Tokenizer::Load(kTokenizer);
+  ASSERT_TRUE(tok.ok());
+  ASSERT_EQ(v->tokens.size(), 8192u);
+  for (int32_t id = 0; id < tok->vocab_size(); ++id) EXPECT_EQ(v->tokens[id], tok->IdToToken(id));
+  EXPECT_EQ(v->padding_tokens, 8192 - tok->vocab_size());
+  EXPECT_EQ(v->tokens[8191], "[PAD8191]");
+  EXPECT_EQ(v->types[8191], 5);
+  auto type_of = [&](const std::string& t) { return v->types[*tok->TokenToId(t)]; };
+  EXPECT_EQ(type_of("<bos>"), 3);
+  EXPECT_EQ(type_of("<|turn>"), 3);
+  EXPECT_EQ(type_of("<turn|>"), 3);
+  EXPECT_EQ(type_of("<|channel>"), 4);  // kept visible, as llama.cpp's converter does
+  EXPECT_EQ(type_of("<0x0A>"), 6);
+  EXPECT_EQ(type_of("▁the"), 1);
+  EXPECT_EQ(v->bos, tok->bos_id());
+  EXPECT_EQ(v->eos, tok->eos_id());
+  EXPECT_EQ(v->pad, tok->pad_id());
+  EXPECT_GT(v->merges.size(), 1000u);
+  EXPECT_EQ(v->merges[0].find(' ') != std::string::npos, true);
+  EXPECT_EQ(v->chat_template_source, "gemma-chat (built in)");
+  EXPECT_NE(v->chat_template.find("<|turn>"), std::string::npos);
+  // A model with fewer rows than the tokenizer has tokens cannot take it.
+  const Status small = ReadGgufVocab(kTokenizer, 1000).status();
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.message().find("1000"), std::string::npos);
+  EXPECT_EQ(ReadGgufVocab("/nonexistent", 8192).status().code(), StatusCode::kNotFound);
+}
+
+// An F32 export holds the model's values exactly, under llama.cpp's names and shapes, with the
+// hyperparameters its gemma4 loader reads.
+TEST(GgufExport, F32FileHoldsTheModelExactly) {
+  const Gemma4Config cfg = LlamaCppTiny();
+  const LoadedModel m = PresetModel(cfg);
+  const std::string dir = test::TempDir("gguf_export_f32");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.weight_type = GgmlType::kF32;
+  o.tokenizer_dir = kTokenizer;
+  o.name = "tiny";
+  StatusOr<GgufExportReport> r = ExportGguf(m, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->worst_relative_rms_error, 0.0);
+  StatusOr<GgufFile> f = GgufFile::Open(o.output);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+
+  EXPECT_EQ(Meta(*f, "general.architecture").s, "gemma4");
+  EXPECT_EQ(Meta(*f, "general.name").s, "tiny");
+  EXPECT_EQ(Meta(*f, "general.file_type").i, 0);
+  EXPECT_EQ(Meta(*f, "gemma4.block_count").i, 6);
+  EXPECT_EQ(Meta(*f, "gemma4.embedding_length").i, 128);
+  EXPECT_EQ(Meta(*f, "gemma4.feed_forward_length").ints,
+            (std::vector<int64_t>{512, 512, 512, 512, 1024, 1024}));
+  EXPECT_EQ(Meta(*f, "gemma4.attention.sliding_window_pattern").ints,
+            (std::vector<int64_t>{1, 1, 1, 0, 1, 0}));
+  EXPECT_EQ(Meta(*f, "gemma4.attention.shared_kv_layers").i, 2);
+  EXPECT_EQ(Meta(*f, "gemma4.attention.key_length").i, 64);
+  EXPECT_EQ(Meta(*f, "gemma4.attention.key_length_swa").i, 32);
+  EXPECT_EQ(Meta(*f, "gemma4.embedding_length_per_layer_input").i, 32);
+  EXPECT_FLOAT_EQ(static_cast<float>(Meta(*f, "gemma4.rope.freq_base").f), 1e6f);
+  EXPECT_FLOAT_EQ(static_cast<float>(Meta(*f, "gemma4.rope.freq_base_swa").f), 1e4f);
+  EXPECT_FLOAT_EQ(static_cast<float>(Meta(*f, "gemma4.final_logit_softcapping").f), 30.0f);
+  EXPECT_EQ(Meta(*f, "tokenizer.ggml.model").s, "gemma4");
+  EXPECT_EQ(Meta(*f, "tokenizer.ggml.tokens").strings.size(), 8192u);
+  EXPECT_EQ(Meta(*f, "tokenizer.ggml.bos_token_id").i, 2);
+  EXPECT_EQ(Meta(*f, "tokenizer.ggml.add_bos_token").i, 1);
+
+  // rope_freqs: the rotated quarter of a full layer's 32 frequency pairs at 1, the rest 1e30.
+  const GgufTensorInfo* rope = f->FindTensor("rope_freqs.weight");
+  ASSERT_NE(rope, nullptr);
+  std::vector<float> freqs(static_cast<size_t>(rope->Elements()));
+  f->ReadF32(*rope, freqs.data());
+  ASSERT_EQ(freqs.size(), 32u);
+  for (size_t i = 0; i < freqs.size(); ++i) EXPECT_EQ(freqs[i], i < 8 ? 1.0f : 1e30f) << i;
+
+  // Every registry tensor, under its name, reversed shape, same values; nothing else but rope.
+  const ParamRegistry& reg = m.registry;
+  EXPECT_EQ(f->tensors().size(), static_cast<size_t>(reg.layout.size()) + 1);
+  EXPECT_EQ(f->tensors()[0].name, "rope_freqs.weight");
+  for (int e = 0; e < reg.layout.size(); ++e) {
+    const ArenaEntry& en = reg.layout.entry(e);
+    const GgufTensorInfo* t = f->FindTensor(GgufTensorName(en.name));
+    ASSERT_NE(t, nullptr) << en.name;
+    EXPECT_EQ(t->TorchShape(), en.shape) << en.name;
+    EXPECT_EQ(t->type, GgmlType::kF32);
+    std::vector<float> want(static_cast<size_t>(en.numel)), got(want.size());
+    m.weights->ReadAll(e, want.data());
+    f->ReadF32(*t, got.data());
+    EXPECT_EQ(want, got) << en.name;
+  }
+  // Sorted by registry name after rope_freqs, as llama.cpp's converter orders them.
+  for (size_t i = 2; i < f->tensors().size(); ++i) {
+    auto registry_name = [&](const std::string& gguf) {
+      for (const ArenaEntry& en : reg.layout.entries())
+        if (GgufTensorName(en.name) == gguf) return en.name;
+      return std::string();
+    };
+    EXPECT_LT(registry_name(f->tensors()[i - 1].name), registry_name(f->tensors()[i].name));
+  }
+  fs::remove_all(dir);
+}
+
+// Quantized exports: matrices in the asked format (vectors stay F32), every value within its
+// format's step of the model's, and the relative error what each format gives.
+TEST(GgufExport, QuantizedFilesStayWithinTheirFormatsBound) {
+  const LoadedModel m = PresetModel(LlamaCppTiny());
+  const std::string dir = test::TempDir("gguf_export_q");
+  struct Case {
+    GgmlType type;
+    int64_t file_type;
+    double max_rel;  // RMS error over RMS value, worst tensor
+  };
+  for (const Case& c : {Case{GgmlType::kBF16, 32, 4e-3}, Case{GgmlType::kF16, 1, 5e-4},
+                        Case{GgmlType::kQ8_0, 7, 1e-2}, Case{GgmlType::kQ4_0, 2, 0.2}}) {
+    GgufExportOptions o;
+    o.output = dir + "/m_" + GgmlTypeOf(c.type).name + ".gguf";
+    o.weight_type = c.type;
+    o.tokenizer_dir = kTokenizer;
+    StatusOr<GgufExportReport> r = ExportGguf(m, o);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_GT(r->worst_relative_rms_error, 0.0);
+    EXPECT_LT(r->worst_relative_rms_error, c.max_rel) << GgmlTypeOf(c.type).name;
+    StatusOr<GgufFile> f = GgufFile::Open(o.output);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(Meta(*f, "general.file_type").i, c.file_type);
+    for (const GgufTensorInfo& t : f->tensors()) {
+      EXPECT_EQ(t.type, t.ne.size() == 1 ? GgmlType::kF32 : c.type) << t.name;
+      if (t.name == "rope_freqs.weight") continue;
+      int entry = -1;
+      for (int e = 0; e < m.registry.layout.size(); ++e)
+        if (GgufTensorName(m.registry.layout.entry(e).name) == t.name) entry = e;
+      ASSERT_GE(entry, 0) << t.name;
+      std::vector<float> want(static_cast<size_t>(t.Elements())), got(want.size());
+      m.weights->ReadAll(entry, want.data());
+      f->ReadF32(t, got.data());
+      const int64_t block = GgmlTypeOf(t.type).block_elems;
+      for (size_t b0 = 0; b0 < want.size(); b0 += static_cast<size_t>(block)) {
+        float amax = 0;
+        for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(want[b0 + j]));
+        for (int64_t j = 0; j < block; ++j) {
+          const double x = want[b0 + j], err = std::fabs(got[b0 + j] - x);
+          double bound = 0;
+          switch (t.type) {
+            case GgmlType::kBF16:
+              bound = std::fabs(x) / 256;
+              break;
+            case GgmlType::kF16:
+              bound = std::max(std::fabs(x) / 2048, 0x1p-25);
+              break;
+            case GgmlType::kQ8_0:
+              bound = amax / 127 * 0.57;
+              break;
+            case GgmlType::kQ4_0:
+              bound = amax / 8 * 1.01;
+              break;
+            default:
+              break;
+          }
+          ASSERT_LE(err, bound) << t.name << " element " << b0 + j;
+        }
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// A model that cannot be written (a NaN in it) leaves neither the file nor a temporary behind.
+TEST(GgufExport, BrokenModelLeavesNothingBehind) {
+  const Gemma4Config cfg = LlamaCppTiny();
+  LoadedModel m;
+  m.config = cfg;
+  m.registry = BuildParamRegistry(cfg);
+  AlignedBuffer arena(m.registry.layout.total());
+  InitParams(cfg, m.registry, arena.data(), 3);
+  const ArenaEntry& down = m.registry.layout.entry(m.registry.layers[4].down_proj);
+  arena.data()[down.offset + 17] = std::nanf("");
+  m.weights = std::make_unique<ArenaWeights>(m.registry, arena.data());
+  const std::string dir = test::TempDir("gguf_export_nan");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.tokenizer_dir = kTokenizer;
+  const Status s = ExportGguf(m, o).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layers.4.mlp.down_proj.weight"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("NaN"), std::string::npos) << s.message();
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+// The command: a checkpoint directory in, one file (and a Modelfile) out, one error line for what
+// cannot be done.
+TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
+  const Gemma4Config cfg = LlamaCppTiny();
+  const LoadedModel m = PresetModel(cfg);
+  const std::string dir = test::TempDir("gguf_export_cli");
+  const std::string model = dir + "/model";
+  AlignedBuffer params = MaterializeParams(m);
+  ASSERT_TRUE(SaveHfModel(model, cfg, m.registry, params.data(), DType::kBF16).ok());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(kTokenizer + std::string("/") + f, model + "/" + f);
+  const std::string out = dir + "/out/tiny-q8.gguf";
+  const test::Ran ran = test::RunCommand(kBin + " export --model-id " + model +
+                                         " --format gguf --quant q8_0 --ollama --output " + out);
+  ASSERT_EQ(ran.code, 0) << ran.out;
+  EXPECT_NE(ran.out.find("GGUF gemma4, 102 tensors (49 F32, 53 Q8_0)"), std::string::npos)
+      << ran.out;
+  EXPECT_NE(ran.out.find("Checked after reload"), std::string::npos) << ran.out;
+  EXPECT_NE(ran.out.find("newline"), std::string::npos) << ran.out;  // the bundled tokenizer's
+  StatusOr<GgufFile> f = GgufFile::Open(out);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(Meta(*f, "general.name").s, "model");
+  const std::string modelfile = test::ReadFile(dir + "/out/Modelfile");
+  EXPECT_NE(modelfile.find("FROM ./tiny-q8.gguf"), std::string::npos) << modelfile;
+  EXPECT_NE(modelfile.find("PARAMETER stop \"<turn|>\""), std::string::npos) << modelfile;
+  EXPECT_NE(modelfile.find("<|turn>model"), std::string::npos) << modelfile;
+
+  // Again onto the same path: refused, the file kept.
+  const test::Ran again =
+      test::RunCommand(kBin + " export --model-id " + model + " --format gguf --output " + out);
+  EXPECT_EQ(again.code, 2) << again.out;
+  EXPECT_NE(again.out.find("exists"), std::string::npos) << again.out;
+  EXPECT_TRUE(GgufFile::Open(out).ok());
+  // Formats not written yet and layouts llama.cpp cannot run: one line each, no file.
+  const test::Ran kq =
+      test::RunCommand(kBin + " export --model-id " + model +
+                       " --format gguf --quant q4_k_m --output " + dir + "/k.gguf");
+  EXPECT_EQ(kq.code, 2) << kq.out;
+  EXPECT_NE(kq.out.find("use q8_0 or q4_0"), std::string::npos) << kq.out;
+  const test::Ran tiny = test::RunCommand(kBin + " export --model-id gemma4-tiny --format gguf " +
+                                          "--output " + dir + "/t.gguf");
+  EXPECT_EQ(tiny.code, 2) << tiny.out;
+  EXPECT_NE(tiny.out.find("llama.cpp cannot run this model"), std::string::npos) << tiny.out;
+  EXPECT_FALSE(fs::exists(dir + "/k.gguf"));
+  EXPECT_FALSE(fs::exists(dir + "/t.gguf"));
+  const test::Ran hf =
+      test::RunCommand(kBin + " export --model-id " + model + " --output " + dir + "/hf");
+  EXPECT_EQ(hf.code, 2) << hf.out;
+  EXPECT_NE(hf.out.find("--adapter"), std::string::npos) << hf.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace st
