@@ -507,7 +507,9 @@ TEST(CommandReward, DestructorKillsWhatIsLeft) {
   pid_t group = 0;
   Clock::time_point t0;
   {
-    auto f = Command("read -r line; echo $$; cat >/dev/null; sleep 30");
+    // The sleep starts before the answer, so that it runs when the destructor comes however slowly
+    // a loaded machine schedules the shell (started after `cat`, it could miss the kill).
+    auto f = Command("sleep 30 & read -r line; echo $$; cat >/dev/null; wait");
     ASSERT_TRUE(f);
     const std::vector<double> r = ScoreOk(*f, {Input("a")});
     ASSERT_EQ(r.size(), 1u);
