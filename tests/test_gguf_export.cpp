@@ -28,14 +28,10 @@ namespace fs = std::filesystem;
 const std::string kBin = ST_BINARY;
 const std::string kTokenizer = ST_SOURCE_DIR "/data/tokenizer";
 
-// gemma4-tiny's shape with the layer layout llama.cpp runs (the last layer before the KV-shared
-// ones full-attention, the one before it sliding, as in E2B).
+// The tiny preset: its layout is one llama.cpp runs (the last layer before the KV-shared ones
+// full-attention, the one before it sliding, as in E2B).
 Gemma4Config LlamaCppTiny() {
-  Gemma4Config c = PresetConfig("gemma4-tiny").value();
-  const LayerType S = LayerType::kSliding, F = LayerType::kFull;
-  c.layer_types = {S, S, S, F, S, F};
-  EXPECT_TRUE(c.Validate().ok());
-  return c;
+  return PresetConfig("gemma4-tiny").value();
 }
 
 LoadedModel PresetModel(const Gemma4Config& cfg) {
@@ -89,14 +85,19 @@ TEST(GgufExport, QuantFlagNamesWhatIsWritten) {
 TEST(GgufExport, RefusesLayoutsWhoseKvSharingLlamaCppGetsWrong) {
   EXPECT_TRUE(CheckLlamaCppKvSharing(PresetConfig("gemma4-e2b").value()).ok());
   EXPECT_TRUE(CheckLlamaCppKvSharing(LlamaCppTiny()).ok());
-  const Status tiny = CheckLlamaCppKvSharing(PresetConfig("gemma4-tiny").value());
-  EXPECT_EQ(tiny.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(tiny.message().find("layer 4"), std::string::npos) << tiny.message();
+  // The shared sliding layer 4 reads layer 3 in transformers, layer 2 in llama.cpp.
+  Gemma4Config other = LlamaCppTiny();
+  const LayerType S = LayerType::kSliding, F = LayerType::kFull;
+  other.layer_types = {S, S, F, S, S, F};
+  const Status refused = CheckLlamaCppKvSharing(other);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("layer 4"), std::string::npos) << refused.message();
+  EXPECT_FALSE(CheckLlamaCppKvSharing(PresetConfig("gemma4-small").value()).ok());
   const std::string dir = test::TempDir("gguf_export_refused");
   GgufExportOptions o;
   o.output = dir + "/m.gguf";
   o.tokenizer_dir = kTokenizer;
-  EXPECT_FALSE(ExportGguf(PresetModel(PresetConfig("gemma4-tiny").value()), o).ok());
+  EXPECT_FALSE(ExportGguf(PresetModel(other), o).ok());
   EXPECT_TRUE(fs::is_empty(dir));
   fs::remove_all(dir);
 }
@@ -333,12 +334,17 @@ TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
                        " --format gguf --quant q4_k_m --output " + dir + "/k.gguf");
   EXPECT_EQ(kq.code, 2) << kq.out;
   EXPECT_NE(kq.out.find("use q8_0 or q4_0"), std::string::npos) << kq.out;
-  const test::Ran tiny = test::RunCommand(kBin + " export --model-id gemma4-tiny --format gguf " +
-                                          "--output " + dir + "/t.gguf");
-  EXPECT_EQ(tiny.code, 2) << tiny.out;
-  EXPECT_NE(tiny.out.find("llama.cpp cannot run this model"), std::string::npos) << tiny.out;
+  const test::Ran small = test::RunCommand(kBin + " export --model-id gemma4-small --format gguf " +
+                                           "--output " + dir + "/s.gguf");
+  EXPECT_EQ(small.code, 2) << small.out;
+  EXPECT_NE(small.out.find("llama.cpp cannot run this model"), std::string::npos) << small.out;
   EXPECT_FALSE(fs::exists(dir + "/k.gguf"));
-  EXPECT_FALSE(fs::exists(dir + "/t.gguf"));
+  EXPECT_FALSE(fs::exists(dir + "/s.gguf"));
+  // A preset exports with the bundled tokenizer.
+  const test::Ran preset = test::RunCommand(kBin + " export --model-id gemma4-tiny --format gguf " +
+                                            "--quant f16 --output " + dir + "/t.gguf");
+  EXPECT_EQ(preset.code, 0) << preset.out;
+  EXPECT_TRUE(GgufFile::Open(dir + "/t.gguf").ok());
   const test::Ran hf =
       test::RunCommand(kBin + " export --model-id " + model + " --output " + dir + "/hf");
   EXPECT_EQ(hf.code, 2) << hf.out;

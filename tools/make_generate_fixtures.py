@@ -115,7 +115,7 @@ def preset_config(name):
                                   "partial_rotary_factor": 0.25}})
     if name == "gemma4-tiny":
         c.update(vocab_size=8192, vocab_size_per_layer_input=8192, hidden_size=128, intermediate_size=512,
-                 num_hidden_layers=6, layer_types=[S, S, F, S, S, F], num_attention_heads=4, num_key_value_heads=1,
+                 num_hidden_layers=6, layer_types=[S, S, S, F, S, F], num_attention_heads=4, num_key_value_heads=1,
                  head_dim=32, global_head_dim=64, hidden_size_per_layer_input=32, num_kv_shared_layers=2,
                  sliding_window=64, max_position_embeddings=4096)
     elif name == "gemma4-e2b":

@@ -340,12 +340,14 @@ StatusOr<Gemma4Config> PresetConfig(const std::string& name) {
   c.use_double_wide_mlp = true;
   const LayerType S = LayerType::kSliding, F = LayerType::kFull;
   if (name == "gemma4-tiny") {
-    // ~4.3 M parameters: both layer types, PLE, KV sharing (layers 4, 5), double-wide MLP, MQA.
+    // ~4.3 M parameters: both layer types, PLE, KV sharing, double-wide MLP, MQA. As in E2B, the
+    // layers before the KV-shared ones end with a sliding and a full layer (2, 3), whose caches the
+    // shared layers 4 (sliding) and 5 (full) read: the layout llama.cpp's gemma4 can run.
     c.vocab_size = c.vocab_size_per_layer_input = 8192;
     c.hidden_size = 128;
     c.intermediate_size = 512;
     c.num_hidden_layers = 6;
-    c.layer_types = {S, S, F, S, S, F};
+    c.layer_types = {S, S, S, F, S, F};
     c.num_attention_heads = 4;
     c.num_key_value_heads = 1;
     c.head_dim = 32;
