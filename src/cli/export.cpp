@@ -63,9 +63,12 @@ Status RunGguf(const ExportArgs& a) {
   const bool is_dir = fs::is_directory(model_id, ec);
   ST_ASSIGN_OR_RETURN(o.tokenizer_dir, GgufTokenizerDir(a, is_dir ? model_id : ""));
   o.name = a.name;
-  if (o.name.empty()) {
-    const fs::path named = fs::path(a.adapter.empty() ? model_id : a.adapter).lexically_normal();
-    o.name = (named.has_filename() ? named : named.parent_path()).filename().string();
+  if (o.name.empty()) {  // the directory's name; for a checkpoint_<time> directory, its run's
+    fs::path named = fs::path(a.adapter.empty() ? model_id : a.adapter).lexically_normal();
+    if (!named.has_filename()) named = named.parent_path();
+    if (named.filename().string().rfind("checkpoint_", 0) == 0 && named.has_parent_path())
+      named = named.parent_path();
+    o.name = named.filename().string();
   }
   ST_ASSIGN_OR_RETURN(const GgufExportReport r, ExportGguf(m, o));
   std::string types;
@@ -181,7 +184,8 @@ void RegisterExportCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "GGUF: tokenizer.json / directory (default: the adapter's, the model's, else "
                   "the bundled one)");
-  cmd->add_option("--name", a->name, "GGUF: general.name (default: the directory's name)");
+  cmd->add_option("--name", a->name,
+                  "GGUF: general.name (default: the directory's name, the run's for a checkpoint)");
   cmd->add_flag(
       "--ollama", a->ollama,
       "GGUF: also write an Ollama Modelfile beside the file (chat template, stop tokens)");

@@ -103,7 +103,9 @@ class GgufFile {
   void ReadF32(const GgufTensorInfo& t, float* dst) const;
   // Drops this process's pages of a tensor's bytes (they stay in the page cache): reading a
   // multi-gigabyte file tensor by tensor then keeps RSS at one tensor.
-  void Release(const GgufTensorInfo& t) const;
+  void Release(const GgufTensorInfo& t) const { Release(t, 0, t.bytes); }
+  // The same for bytes [begin, begin + count) of a tensor (a chunk of rows just read).
+  void Release(const GgufTensorInfo& t, size_t begin, size_t count) const;
   const std::string& path() const { return path_; }
   size_t data_offset() const { return data_offset_; }
 

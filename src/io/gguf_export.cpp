@@ -582,8 +582,8 @@ StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOpti
         }
       }
       src.Release(r0, n);
+      f.Release(t, static_cast<size_t>(r0) * row_bytes, static_cast<size_t>(n) * row_bytes);
     }
-    f.Release(t);
     const double rel = val2 > 0 ? std::sqrt(err2 / val2) : 0;
     if (rel >= report.worst_relative_rms_error) {
       report.worst_relative_rms_error = rel;
