@@ -16,7 +16,8 @@ What it does:
      bundled tokenizer (data/tokenizer) with vocab_size equal to its token count, then trained for 150 steps with
      `slicetrain finetune` on the bundled data (the checkpoint is what is exported).
   2. `slicetrain export --format gguf --quant Q` for f32, bf16, f16, q8_0 and q4_0.
-  3. llama.cpp's converter on the same directory for f32, bf16, f16 and q8_0: every metadata key and value
+  3. llama.cpp's converter on the same directory for f32, bf16, f16 and q8_0 (when the model's vocab_size equals its
+     tokenizer's size; see the note printed otherwise): every metadata key and value
      (general.name, size_label and the like aside: the converter derives them from the directory's name), every tensor
      name, type, shape, order and byte must equal ours.
   4. llama-cpp-python loads each of our files; its tokenizer gives transformers' ids on a set of texts (special
@@ -157,6 +158,11 @@ def compare_with_converter(ours: Path, ref: Path, gguf_mod, special_added: set) 
     return control_not_normal
 
 
+def AutoTokenizerFor(model_dir: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 def hf_greedy(model, ids, n, stop):
     import torch
     with torch.no_grad():
@@ -200,7 +206,14 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(tree / "gguf-py"))
     tj = json.loads((model_dir / "tokenizer.json").read_text())
     special_added = {a["id"] for a in tj["added_tokens"] if a.get("special")}
-    for q in ("f32", "bf16", "f16", "q8_0"):
+    n_rows = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    n_tokens = len(AutoTokenizerFor(model_dir))
+    converter_formats = ("f32", "bf16", "f16", "q8_0") if n_rows == n_tokens else ()
+    if not converter_formats:
+        print(f"converter: not compared: the model has {n_rows} embedding rows and its tokenizer {n_tokens} tokens; "
+              f"llama.cpp's converter cuts token_embd to the tokenizer's size (a file llama.cpp then refuses to load), "
+              f"slicetrain pads the vocabulary with [PAD<id>] tokens up to the rows")
+    for q in converter_formats:
         ref = work / f"out/ref_{q}.gguf"
         subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(model_dir), "--outfile", str(ref),
                         "--outtype", q], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
