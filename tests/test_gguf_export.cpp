@@ -16,7 +16,9 @@
 #include "io/gguf_export.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
+#include "io/peft_adapter.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "model/weights.h"
 #include "test_util.h"
@@ -292,6 +294,88 @@ TEST(GgufExport, BrokenModelLeavesNothingBehind) {
   EXPECT_NE(s.message().find("layers.4.mlp.down_proj.weight"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("NaN"), std::string::npos) << s.message();
   EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+// A LoRA adapter alone: llama.cpp's names ("<matrix>.lora_a" [in, R], ".lora_b" [R, out] in GGUF
+// dims), alpha such that llama.cpp's alpha / rank is PEFT's scaling (rsLoRA included), the values
+// exactly (f32); adapters llama.cpp would apply only in part are refused.
+TEST(GgufExport, LoraAdapterAloneInLlamaCppsLayout) {
+  const std::string dir = test::TempDir("gguf_export_lora");
+  for (const bool rslora : {false, true}) {
+    LoadedModel m = PresetModel(LlamaCppTiny());
+    PeftAdapterConfig c;
+    c.r = 4;
+    c.lora_alpha = 8;
+    c.use_rslora = rslora;
+    c.targets = ParseLoraTargets("q_proj,down_proj,per_layer_projection");
+    StatusOr<LoraSpec> spec = LoraSpecFor(m.config, m.registry, c);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    ASSERT_TRUE(AttachLora(&m, *spec, 5).ok());
+    GgufExportOptions o;
+    o.output = dir + (rslora ? "/rs.gguf" : "/lora.gguf");
+    o.weight_type = GgmlType::kF32;
+    o.name = "adapter";
+    StatusOr<GgufExportReport> r = ExportGgufLora(m, o);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    StatusOr<GgufFile> f = GgufFile::Open(o.output);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(Meta(*f, "general.type").s, "adapter");
+    EXPECT_EQ(Meta(*f, "adapter.type").s, "lora");
+    EXPECT_EQ(Meta(*f, "general.architecture").s, "gemma4");
+    const double scaling = rslora ? 8 / std::sqrt(4.0) : 8 / 4.0;
+    EXPECT_NEAR(Meta(*f, "adapter.lora.alpha").f / 4, scaling, 1e-6);
+    EXPECT_EQ(f->FindTensor("rope_freqs.weight"), nullptr);
+    ASSERT_EQ(f->tensors().size(), 2u * 6 * 3);
+    const ParamRegistry& reg = m.registry;
+    for (int e = 0; e < reg.base_entries; ++e) {
+      const int a = reg.lora_a[static_cast<size_t>(e)];
+      if (a < 0) continue;
+      const std::string base = GgufTensorName(reg.layout.entry(e).name);
+      for (const auto& [entry, suffix] : {std::pair<int, std::string>{a, ".lora_a"},
+                                          {reg.lora_b[static_cast<size_t>(e)], ".lora_b"}}) {
+        const ArenaEntry& en = reg.layout.entry(entry);
+        const GgufTensorInfo* t = f->FindTensor(base + suffix);
+        ASSERT_NE(t, nullptr) << base << suffix;
+        EXPECT_EQ(t->TorchShape(), en.shape);
+        std::vector<float> want(static_cast<size_t>(en.numel)), got(want.size());
+        m.weights->ReadAll(entry, want.data());
+        f->ReadF32(*t, got.data());
+        EXPECT_EQ(want, got) << base << suffix;
+      }
+    }
+    EXPECT_EQ(f->FindTensor("blk.0.attn_q.weight.lora_a")->ne,
+              (std::vector<int64_t>{128, 4}));  // A [R, in] as GGUF dims
+    EXPECT_EQ(f->FindTensor("blk.0.attn_q.weight.lora_b")->ne, (std::vector<int64_t>{4, 128}));
+  }
+  // A pair on per_layer_model_projection (llama.cpp multiplies by it without LoRA) and full
+  // modules_to_save are refused, and leave no file.
+  for (const char* targets : {"q_proj,per_layer_model_projection", ""}) {
+    LoadedModel m = PresetModel(LlamaCppTiny());
+    PeftAdapterConfig c;
+    c.r = 4;
+    c.lora_alpha = 8;
+    c.targets = ParseLoraTargets(*targets ? targets : "q_proj");
+    if (!*targets) c.modules_to_save = {"input_layernorm"};
+    StatusOr<LoraSpec> spec = LoraSpecFor(m.config, m.registry, c);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    ASSERT_TRUE(AttachLora(&m, *spec, 5).ok());
+    GgufExportOptions o;
+    o.output = dir + "/refused.gguf";
+    const Status s = ExportGgufLora(m, o).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("--format gguf"), std::string::npos) << s.message();
+    EXPECT_FALSE(fs::exists(o.output));
+  }
+  // Without an adapter there is nothing to write.
+  GgufExportOptions o;
+  o.output = dir + "/none.gguf";
+  EXPECT_EQ(ExportGgufLora(PresetModel(LlamaCppTiny()), o).status().code(),
+            StatusCode::kInvalidArgument);
+  const test::Ran cli = test::RunCommand(
+      kBin + " export --model-id gemma4-tiny --format gguf-lora --output " + dir + "/cli.gguf");
+  EXPECT_EQ(cli.code, 2) << cli.out;
+  EXPECT_NE(cli.out.find("--adapter"), std::string::npos) << cli.out;
   fs::remove_all(dir);
 }
 

@@ -25,6 +25,10 @@ What it does:
      (1e-4) and bf16 (2e-2)); its greedy continuation (32 tokens from 6 prompts, ending at eos or <turn|>) agrees
      with transformers' and with `slicetrain generate` (fp32 model) token for token; q8_0's and q4_0's agreement with
      bf16 is printed.
+  5. LoRA (`--format gguf-lora`): a rank-8 adapter on every Linear layer but per_layer_model_projection trained here for 40 steps (or --adapter): our f32, bf16
+     and q8_0 adapter files equal llama.cpp's convert_lora_to_gguf.py's; llama.cpp with the f32 base and our adapter,
+     and llama.cpp with our merged export (`--format gguf --adapter`), match transformers with PEFT (logits within
+     1e-4), and the merged file's greedy tokens equal `slicetrain generate --adapter`'s.
 Prints one line per check and a summary table; exits non-zero on the first failed assertion.
 """
 import argparse
@@ -43,6 +47,8 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 GEMMA_CHAT = ("{{ bos_token }}{% for message in messages %}<|turn>"
               "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
               "{{ message['content'] | trim }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+# Every Linear layer but per_layer_model_projection, whose adapter llama.cpp would ignore (export refuses it).
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,per_layer_input_gate,per_layer_projection"
 PROMPTS = ["Instruction: Name three colors.\nResponse:", "The quick brown fox", "Once upon a time",
            "<|turn>user\nWhat is a GPU?<turn|>\n<|turn>model\n", "1 2 3 4 5", "Write a haiku about rain."]
 TEXTS = PROMPTS + ["  leading spaces and\ttabs\n\nnewlines", "Ünïcödé — ümlauts, 中文, emoji 🙂",
@@ -176,12 +182,86 @@ def agreement(xs, ys) -> float:
     return same / sum(max(len(x), len(y)) for x, y in zip(xs, ys))
 
 
+def check_lora(args, work: Path, model_dir: Path, tree: Path, gguf_src, env, tok, prompt_ids, stop, base_f32: Path):
+    """5. --format gguf-lora: our adapter file against llama.cpp's convert_lora_to_gguf.py, and llama.cpp running the
+    base with it against the merged model (ours, in llama.cpp) and transformers with PEFT."""
+    import torch
+    from llama_cpp import Llama
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    if args.adapter:
+        adapter = Path(args.adapter)
+    elif args.model:
+        print("lora: skipped (--model without --adapter)")
+        return
+    else:
+        subprocess.run([args.bin, "finetune", "--model-id", str(model_dir), "--lora-rank", "8",
+                        "--lora-target-modules", LORA_TARGETS, "--max-steps", "40", "--lr", "3e-3",
+                        "--storage-path", str(work / "out/runs"), "--run-name", "gguf_check_lora"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        adapter = sorted((work / "out/runs/gguf_check_lora").glob("checkpoint_*"))[-1]
+    files = {}
+    for q in ("f32", "bf16", "q8_0"):
+        files[q] = work / f"out/ours_lora_{q}.gguf"
+        r = subprocess.run([args.bin, "export", "--model-id", str(model_dir), "--adapter", str(adapter), "--format",
+                            "gguf-lora", "--quant", q, "--output", str(files[q])], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        ref = work / f"out/ref_lora_{q}.gguf"
+        subprocess.run([sys.executable, str(tree / "convert_lora_to_gguf.py"), str(adapter), "--base", str(model_dir),
+                        "--outfile", str(ref), "--outtype", q], check=True, env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        compare_with_converter(files[q], ref, gguf_src, set())
+        print(f"lora converter {q}: metadata and every tensor byte equal llama.cpp's convert_lora_to_gguf.py")
+    merged = work / "out/ours_merged_f32.gguf"
+    r = subprocess.run([args.bin, "export", "--model-id", str(model_dir), "--adapter", str(adapter), "--format",
+                        "gguf", "--quant", "f32", "--output", str(merged)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, adapter).eval()
+    with torch.no_grad():
+        ref_logits = peft_model(torch.tensor([prompt_ids[0]])).logits[0].numpy()
+    def run(path, lora=None):
+        kw = dict(lora_path=str(lora)) if lora else {}
+        llm = Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False, n_threads=2, seed=0, **kw)
+        llm.eval(prompt_ids[0])
+        lg = np.array(llm.scores[:len(prompt_ids[0])], dtype=np.float64)
+        toks = []
+        for ids in prompt_ids:
+            out = []
+            for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+                out.append(t)
+                if len(out) == args.new_tokens or t in stop:
+                    break
+            toks.append(out)
+        return lg, toks
+    rel = lambda a: float(np.linalg.norm(a - ref_logits) / np.linalg.norm(ref_logits))
+    lg_m, tok_m = run(merged)
+    st_tokens = []
+    for ids in prompt_ids:
+        r = subprocess.run([args.bin, "generate", "--model-id", str(model_dir), "--adapter", str(adapter),
+                            "--weights-dtype", "fp32", "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens",
+                            str(args.new_tokens), "--threads", "2", "--json"], capture_output=True, text=True, check=True)
+        st_tokens.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    print(f"lora merged f32 in llama.cpp: logits vs transformers+PEFT rel. L2 error {rel(lg_m):.2e}, greedy tokens "
+          f"= slicetrain generate --adapter: {100 * agreement(tok_m, st_tokens):.1f} %")
+    assert rel(lg_m) < 1e-4 and agreement(tok_m, st_tokens) == 1.0
+    for q, path in files.items():
+        lg, toks = run(base_f32, path)
+        print(f"lora {q:5s} on the f32 base in llama.cpp: {path.stat().st_size / 1e6:.2f} MB, logits vs "
+              f"transformers+PEFT rel. L2 error {rel(lg):.2e}, greedy tokens = the merged model's "
+              f"{100 * agreement(toks, tok_m):.1f} %")
+        if q == "f32":
+            assert rel(lg) < 1e-4, "llama.cpp's base + f32 LoRA differs from transformers+PEFT"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "build/slicetrain"))
     ap.add_argument("--model", help="Hugging Face Gemma 4 directory (default: a random tiny one, see above)")
     ap.add_argument("--work", default="/tmp/slicetrain_gguf_check")
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--adapter", help="PEFT LoRA adapter of --model for the LoRA checks (default: one trained here "
+                                      "on the default model; none with --model)")
     args = ap.parse_args()
     work = Path(args.work)
     if work.exists():
@@ -293,6 +373,7 @@ def main() -> None:
     agree_f32_st = agreement(greedy["f32"], st_tokens)
     print(f"llama.cpp f32 greedy vs slicetrain generate: {100 * agree_f32_st:.1f} % of tokens agree")
     assert agree_f32_st == 1.0, "llama.cpp's f32 greedy tokens differ from slicetrain's"
+    check_lora(args, work, model_dir, tree, gguf_src, env, tok, prompt_ids, stop, ours["f32"])
     print("all checks passed")
 
 

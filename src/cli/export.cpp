@@ -39,6 +39,11 @@ StatusOr<std::string> GgufTokenizerDir(const ExportArgs& a, const std::string& m
 }
 
 Status RunGguf(const ExportArgs& a) {
+  const bool lora = a.format == "gguf-lora";
+  if (lora && a.adapter.empty())
+    return InvalidArgument(
+        "--format gguf-lora writes an adapter: give --adapter (and its base as "
+        "--model-id)");
   ST_ASSIGN_OR_RETURN(const GgmlType type, ParseGgufQuant(a.quant));
   std::error_code ec;
   if (fs::exists(a.output, ec))
@@ -61,7 +66,9 @@ Status RunGguf(const ExportArgs& a) {
   o.output = a.output;
   o.weight_type = type;
   const bool is_dir = fs::is_directory(model_id, ec);
-  ST_ASSIGN_OR_RETURN(o.tokenizer_dir, GgufTokenizerDir(a, is_dir ? model_id : ""));
+  if (!lora) {
+    ST_ASSIGN_OR_RETURN(o.tokenizer_dir, GgufTokenizerDir(a, is_dir ? model_id : ""));
+  }
   o.name = a.name;
   if (o.name.empty()) {  // the directory's name; for a checkpoint_<time> directory, its run's
     fs::path named = fs::path(a.adapter.empty() ? model_id : a.adapter).lexically_normal();
@@ -69,6 +76,22 @@ Status RunGguf(const ExportArgs& a) {
     if (named.filename().string().rfind("checkpoint_", 0) == 0 && named.has_parent_path())
       named = named.parent_path();
     o.name = named.filename().string();
+  }
+  if (lora) {
+    ST_ASSIGN_OR_RETURN(const GgufExportReport r, ExportGgufLora(m, o));
+    std::printf(
+        "Exported the adapter %s (rank %lld, %zu adapted matrices, alpha %g for llama.cpp's "
+        "alpha / rank) to %s: a llama.cpp LoRA GGUF, %.2f MB\n",
+        a.adapter.c_str(), static_cast<long long>(m.registry.lora_rank), m.lora.targets.size(),
+        m.registry.lora_scaling * static_cast<double>(m.registry.lora_rank), a.output.c_str(),
+        static_cast<double>(r.file_bytes) / 1e6);
+    std::printf(
+        "Checked after reload: every tensor within its format's bound; largest RMS error "
+        "%.3g %% of the tensor's RMS (%s)\n",
+        100 * r.worst_relative_rms_error, r.worst_tensor.c_str());
+    std::printf("Run it on the base's GGUF: llama-cli -m <base>.gguf --lora %s\n",
+                a.output.c_str());
+    return Status::Ok();
   }
   ST_ASSIGN_OR_RETURN(const GgufExportReport r, ExportGguf(m, o));
   std::string types;
@@ -112,11 +135,11 @@ Status RunGguf(const ExportArgs& a) {
 }
 
 Status Run(const ExportArgs& a) {
-  if (a.format == "gguf") return RunGguf(a);
+  if (a.format == "gguf" || a.format == "gguf-lora") return RunGguf(a);
   if (a.format != "hf")
     return InvalidArgument(StrCat("--format ", a.format,
-                                  ": use hf (a Hugging Face directory) or "
-                                  "gguf (one file for llama.cpp and Ollama)"));
+                                  ": use hf (a Hugging Face directory), gguf (one file for "
+                                  "llama.cpp and Ollama) or gguf-lora (the adapter alone)"));
   if (a.adapter.empty())
     return InvalidArgument(
         "--format hf merges an adapter: give --adapter (a model without one is "
@@ -176,7 +199,7 @@ void RegisterExportCommand(CLI::App& app, Context& ctx) {
       ->required();
   cmd->add_option("--format", a->format,
                   "hf: a Hugging Face model directory; gguf: one GGUF file for llama.cpp, Ollama "
-                  "and LM Studio")
+                  "and LM Studio; gguf-lora: --adapter alone as a llama.cpp LoRA GGUF")
       ->capture_default_str();
   cmd->add_option("--quant", a->quant,
                   "GGUF: the matrices' format: f32, f16, bf16, q8_0 or q4_0 (norms stay f32)")

@@ -174,6 +174,128 @@ Status CheckLlamaCppKvSharing(const Gemma4Config& cfg) {
   return Status::Ok();
 }
 
+namespace {
+
+// Writes the planned tensors (values from the model, rope_freqs computed), reopens the file and
+// checks every value against the model within its format's bound, then renames it into place.
+Status WriteChecked(const LoadedModel& m, GgufWriter& w, const std::vector<Planned>& plan,
+                    const std::vector<float>& rope_freqs, const GgufExportOptions& o,
+                    std::chrono::steady_clock::time_point t0, GgufExportReport& report) {
+  const ParamRegistry& reg = m.registry;
+  const WeightSource& source = *m.weights;
+  auto last_progress = std::chrono::steady_clock::now();
+  uint64_t bytes_done = 0;
+  std::vector<float> rows;
+  std::vector<uint8_t> out;
+  const Status written = w.Write(o.output, [&](size_t i, const GgufWriter::PutFn& put) -> Status {
+    const Planned& p = plan[i];
+    EntryRows src(reg, source, p);
+    if (p.entry < 0) src.SetRope(rope_freqs);
+    const size_t row_bytes = GgmlRowBytes(p.type, p.cols);
+    const int64_t chunk = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(p.cols, 1));
+    for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, p.rows - r0);
+      rows.resize(static_cast<size_t>(n * p.cols));
+      out.resize(static_cast<size_t>(n) * row_bytes);
+      src.Read(r0, n, rows.data());
+      for (int64_t r = 0; r < n; ++r) {
+        const float* x = rows.data() + r * p.cols;
+        for (int64_t c = 0; c < p.cols; ++c)
+          if (!std::isfinite(x[c]))
+            return InvalidArgument(StrCat("tensor ", reg.layout.entry(p.entry).name, " has a ",
+                                          std::isnan(x[c]) ? "NaN" : "infinite", " value (row ",
+                                          r0 + r, "); the model is broken, nothing was written"));
+        if (!QuantizeRow(p.type, x, p.cols, out.data() + r * row_bytes))
+          return Internal(StrCat("cannot store ", GgmlTypeOf(p.type).name, " rows"));
+      }
+      src.Release(r0, n);
+      ST_RETURN_IF_ERROR(put(out.data(), out.size()));
+      bytes_done += out.size();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (o.progress && now - last_progress > std::chrono::seconds(10)) {
+      last_progress = now;
+      std::fprintf(stderr, "export: %zu/%zu tensors written, %.2f GB (%.0f s)\n", i + 1,
+                   plan.size(), static_cast<double>(bytes_done) / 1e9,
+                   std::chrono::duration<double>(now - t0).count());
+    }
+    return Status::Ok();
+  });
+  ST_RETURN_IF_ERROR(written);
+
+  // Reload what was written and check every tensor against the model's values.
+  ST_ASSIGN_OR_RETURN(GgufFile f, GgufFile::Open(w.temporary_path()));
+  if (f.tensors().size() != plan.size())
+    return DataLoss(StrCat(w.temporary_path(), ": ", f.tensors().size(), " tensors read back, ",
+                           plan.size(), " written"));
+  std::vector<float> back;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = plan[i];
+    const GgufTensorInfo& t = f.tensors()[i];
+    if (t.name != p.gguf_name || t.type != p.type || t.ne != p.ne)
+      return DataLoss(StrCat(w.temporary_path(), ": tensor ", i, " reads back as ", t.name,
+                             " and not as written (", p.gguf_name, ")"));
+    EntryRows src(reg, source, p);
+    if (p.entry < 0) src.SetRope(rope_freqs);
+    const size_t row_bytes = GgmlRowBytes(p.type, p.cols);
+    const int64_t block = GgmlTypeOf(p.type).block_elems;
+    const bool blocked = p.type == GgmlType::kQ8_0 || p.type == GgmlType::kQ4_0;
+    const int64_t chunk = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(p.cols, 1));
+    double err2 = 0, val2 = 0;
+    for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, p.rows - r0);
+      rows.resize(static_cast<size_t>(n * p.cols));
+      back.resize(rows.size());
+      src.Read(r0, n, rows.data());
+      for (int64_t r = 0; r < n; ++r)
+        DequantizeRow(p.type, f.Data(t) + (r0 + r) * row_bytes, p.cols, back.data() + r * p.cols);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* x = rows.data() + r * p.cols;
+        const float* y = back.data() + r * p.cols;
+        for (int64_t b0 = 0; b0 < p.cols; b0 += block) {
+          double amax = 0;
+          if (blocked)
+            for (int64_t c = b0; c < b0 + block; ++c)
+              amax = std::max(amax, std::fabs(double{x[c]}));
+          for (int64_t c = b0; c < b0 + block; ++c) {
+            const double e = std::fabs(double{y[c]} - double{x[c]});
+            err2 += e * e;
+            val2 += double{x[c]} * double{x[c]};
+            if (!(e <= ErrorBound(p.type, x[c], amax))) {
+              if (p.type == GgmlType::kF16 && std::fabs(x[c]) > 65504)
+                return InvalidArgument(
+                    StrCat("tensor ", p.gguf_name, " has the value ", x[c],
+                           ", beyond fp16's range; export with --quant bf16 (or f32) instead"));
+              return DataLoss(StrCat(w.temporary_path(), ": tensor ", p.gguf_name, " element ",
+                                     (r0 + r) * p.cols + c, " reads back as ", y[c], " for ", x[c],
+                                     ", beyond the ", GgmlTypeOf(p.type).name,
+                                     " bound; nothing was written"));
+            }
+          }
+        }
+      }
+      src.Release(r0, n);
+      f.Release(t, static_cast<size_t>(r0) * row_bytes, static_cast<size_t>(n) * row_bytes);
+    }
+    const double rel = val2 > 0 ? std::sqrt(err2 / val2) : 0;
+    if (rel >= report.worst_relative_rms_error) {
+      report.worst_relative_rms_error = rel;
+      report.worst_tensor = StrCat(p.gguf_name, " (", GgmlTypeOf(p.type).name, ")");
+    }
+  }
+  ST_RETURN_IF_ERROR(w.Commit());
+
+  std::map<GgmlType, int64_t> per_type;
+  for (const Planned& p : plan) ++per_type[p.type];
+  report.tensors_per_type.assign(per_type.begin(), per_type.end());
+  report.tensors = static_cast<int64_t>(plan.size());
+  report.file_bytes = fs::file_size(o.output);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Status::Ok();
+}
+
+}  // namespace
+
 std::string GgufTensorName(const std::string& n) {
   static const std::map<std::string, std::string> kTop = {
       {"embed_tokens.weight", "token_embd.weight"},
@@ -488,116 +610,60 @@ StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOpti
     std::fill_n(rope_freqs.begin(), std::min<int64_t>(rotated, head_dim_full / 2), 1.0f);
   }
 
-  const ParamRegistry& reg = m.registry;
-  const WeightSource& source = *m.weights;
-  auto last_progress = std::chrono::steady_clock::now();
-  uint64_t bytes_done = 0;
-  std::vector<float> rows;
-  std::vector<uint8_t> out;
-  const Status written = w.Write(o.output, [&](size_t i, const GgufWriter::PutFn& put) -> Status {
-    const Planned& p = plan[i];
-    EntryRows src(reg, source, p);
-    if (p.entry < 0) src.SetRope(rope_freqs);
-    const size_t row_bytes = GgmlRowBytes(p.type, p.cols);
-    const int64_t chunk = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(p.cols, 1));
-    for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
-      const int64_t n = std::min(chunk, p.rows - r0);
-      rows.resize(static_cast<size_t>(n * p.cols));
-      out.resize(static_cast<size_t>(n) * row_bytes);
-      src.Read(r0, n, rows.data());
-      for (int64_t r = 0; r < n; ++r) {
-        const float* x = rows.data() + r * p.cols;
-        for (int64_t c = 0; c < p.cols; ++c)
-          if (!std::isfinite(x[c]))
-            return InvalidArgument(StrCat("tensor ", base.layout.entry(p.entry).name, " has a ",
-                                          std::isnan(x[c]) ? "NaN" : "infinite", " value (row ",
-                                          r0 + r, "); the model is broken, nothing was written"));
-        if (!QuantizeRow(p.type, x, p.cols, out.data() + r * row_bytes))
-          return Internal(StrCat("cannot store ", GgmlTypeOf(p.type).name, " rows"));
-      }
-      src.Release(r0, n);
-      ST_RETURN_IF_ERROR(put(out.data(), out.size()));
-      bytes_done += out.size();
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (o.progress && now - last_progress > std::chrono::seconds(10)) {
-      last_progress = now;
-      std::fprintf(stderr, "export: %zu/%zu tensors written, %.2f GB (%.0f s)\n", i + 1,
-                   plan.size(), static_cast<double>(bytes_done) / 1e9,
-                   std::chrono::duration<double>(now - t0).count());
-    }
-    return Status::Ok();
-  });
-  ST_RETURN_IF_ERROR(written);
+  ST_RETURN_IF_ERROR(WriteChecked(m, w, plan, rope_freqs, o, t0, report));
+  return report;
+}
 
-  // Reload what was written and check every tensor against the model's values.
-  ST_ASSIGN_OR_RETURN(GgufFile f, GgufFile::Open(w.temporary_path()));
-  if (f.tensors().size() != plan.size())
-    return DataLoss(StrCat(w.temporary_path(), ": ", f.tensors().size(), " tensors read back, ",
-                           plan.size(), " written"));
-  std::vector<float> back;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const Planned& p = plan[i];
-    const GgufTensorInfo& t = f.tensors()[i];
-    if (t.name != p.gguf_name || t.type != p.type || t.ne != p.ne)
-      return DataLoss(StrCat(w.temporary_path(), ": tensor ", i, " reads back as ", t.name,
-                             " and not as written (", p.gguf_name, ")"));
-    EntryRows src(reg, source, p);
-    if (p.entry < 0) src.SetRope(rope_freqs);
-    const size_t row_bytes = GgmlRowBytes(p.type, p.cols);
-    const int64_t block = GgmlTypeOf(p.type).block_elems;
-    const bool blocked = p.type == GgmlType::kQ8_0 || p.type == GgmlType::kQ4_0;
-    const int64_t chunk = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(p.cols, 1));
-    double err2 = 0, val2 = 0;
-    for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
-      const int64_t n = std::min(chunk, p.rows - r0);
-      rows.resize(static_cast<size_t>(n * p.cols));
-      back.resize(rows.size());
-      src.Read(r0, n, rows.data());
-      for (int64_t r = 0; r < n; ++r)
-        DequantizeRow(p.type, f.Data(t) + (r0 + r) * row_bytes, p.cols, back.data() + r * p.cols);
-      for (int64_t r = 0; r < n; ++r) {
-        const float* x = rows.data() + r * p.cols;
-        const float* y = back.data() + r * p.cols;
-        for (int64_t b0 = 0; b0 < p.cols; b0 += block) {
-          double amax = 0;
-          if (blocked)
-            for (int64_t c = b0; c < b0 + block; ++c)
-              amax = std::max(amax, std::fabs(double{x[c]}));
-          for (int64_t c = b0; c < b0 + block; ++c) {
-            const double e = std::fabs(double{y[c]} - double{x[c]});
-            err2 += e * e;
-            val2 += double{x[c]} * double{x[c]};
-            if (!(e <= ErrorBound(p.type, x[c], amax))) {
-              if (p.type == GgmlType::kF16 && std::fabs(x[c]) > 65504)
-                return InvalidArgument(
-                    StrCat("tensor ", p.gguf_name, " has the value ", x[c],
-                           ", beyond fp16's range; export with --quant bf16 (or f32) instead"));
-              return DataLoss(StrCat(w.temporary_path(), ": tensor ", p.gguf_name, " element ",
-                                     (r0 + r) * p.cols + c, " reads back as ", y[c], " for ", x[c],
-                                     ", beyond the ", GgmlTypeOf(p.type).name,
-                                     " bound; nothing was written"));
-            }
-          }
-        }
-      }
-      src.Release(r0, n);
-      f.Release(t, static_cast<size_t>(r0) * row_bytes, static_cast<size_t>(n) * row_bytes);
-    }
-    const double rel = val2 > 0 ? std::sqrt(err2 / val2) : 0;
-    if (rel >= report.worst_relative_rms_error) {
-      report.worst_relative_rms_error = rel;
-      report.worst_tensor = StrCat(p.gguf_name, " (", GgmlTypeOf(p.type).name, ")");
+StatusOr<GgufExportReport> ExportGgufLora(const LoadedModel& m, const GgufExportOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ParamRegistry& reg = m.registry;
+  if (!reg.HasAdapters()) return InvalidArgument("--format gguf-lora needs --adapter");
+  for (int e = 0; e < reg.base_entries; ++e)
+    if (reg.lora_full[static_cast<size_t>(e)])
+      return InvalidArgument(StrCat(
+          "the adapter trains ", reg.layout.entry(e).name,
+          " in full (modules_to_save); a llama.cpp LoRA holds low-rank pairs only: export the "
+          "merged model with --format gguf instead"));
+  // llama.cpp's gemma4 multiplies by per_layer_model_proj with a plain product (no LoRA hook): an
+  // adapter there would be loaded and silently ignored.
+  if (reg.per_layer_model_projection >= 0 &&
+      reg.lora_a[static_cast<size_t>(reg.per_layer_model_projection)] >= 0)
+    return InvalidArgument(
+        "the adapter adapts per_layer_model_projection, which llama.cpp's gemma4 applies without "
+        "LoRA (it would ignore that pair): export the merged model with --format gguf instead");
+  std::vector<Planned> plan;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    const int a = reg.lora_a[static_cast<size_t>(e)], b = reg.lora_b[static_cast<size_t>(e)];
+    if (a < 0) continue;
+    const std::string name = GgufTensorName(reg.layout.entry(e).name);
+    if (name.empty()) return Internal(StrCat("no GGUF name for ", reg.layout.entry(e).name));
+    for (const auto& [entry, suffix] :
+         {std::pair<int, const char*>{a, ".lora_a"}, {b, ".lora_b"}}) {
+      const ArenaEntry& en = reg.layout.entry(entry);  // A [R, in], B [out, R]
+      Planned p;
+      p.entry = entry;
+      p.gguf_name = name + suffix;
+      p.cols = en.shape.back();
+      p.rows = en.numel / p.cols;
+      p.ne.assign(en.shape.rbegin(), en.shape.rend());
+      p.type = p.cols % GgmlTypeOf(o.weight_type).block_elems == 0 ? o.weight_type : GgmlType::kF16;
+      plan.push_back(std::move(p));
     }
   }
-  ST_RETURN_IF_ERROR(w.Commit());
-
-  std::map<GgmlType, int64_t> per_type;
-  for (const Planned& p : plan) ++per_type[p.type];
-  report.tensors_per_type.assign(per_type.begin(), per_type.end());
-  report.tensors = static_cast<int64_t>(plan.size());
-  report.file_bytes = fs::file_size(o.output);
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  GgufWriter w;
+  w.Set("general.architecture", GgufValue::String("gemma4"));
+  w.Set("general.type", GgufValue::String("adapter"));
+  w.Set("adapter.type", GgufValue::String("lora"));
+  w.Set("general.name", GgufValue::String(o.name));
+  // llama.cpp scales by alpha / rank; alpha = scaling * rank gives PEFT's scaling for rsLoRA too.
+  w.Set(
+      "adapter.lora.alpha",
+      GgufValue::Float(GgufValueType::kF32, reg.lora_scaling * static_cast<double>(reg.lora_rank)));
+  w.Set("general.quantization_version", GgufValue::Int(GgufValueType::kU32, 2));
+  for (const Planned& p : plan) ST_RETURN_IF_ERROR(w.AddTensor(p.gguf_name, p.ne, p.type));
+  GgufExportReport report;
+  for (const Planned& p : plan) report.parameters += p.rows * p.cols;
+  ST_RETURN_IF_ERROR(WriteChecked(m, w, plan, {}, o, t0, report));
   return report;
 }
 

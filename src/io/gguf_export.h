@@ -80,6 +80,15 @@ struct GgufExportReport {
 // check passed).
 StatusOr<GgufExportReport> ExportGguf(const LoadedModel& model, const GgufExportOptions& options);
 
+// The LoRA adapter attached to `model` alone, as llama.cpp's LoRA GGUF (general.type "adapter",
+// adapter.type "lora", adapter.lora.alpha, and per adapted matrix "<name>.lora_a" [in, R] and
+// "<name>.lora_b" [R, out] in GGUF's dims): what llama.cpp's convert_lora_to_gguf.py writes, for
+// `llama-cli -m base.gguf --lora adapter.gguf`. Written and checked as ExportGguf does; an adapter
+// llama.cpp cannot apply whole is refused: modules_to_save (full tensors), or a pair on
+// per_layer_model_projection (llama.cpp's gemma4 multiplies by it without its LoRA hook).
+StatusOr<GgufExportReport> ExportGgufLora(const LoadedModel& model,
+                                          const GgufExportOptions& options);
+
 // An Ollama Modelfile for `gguf_file` (a path relative to the Modelfile's directory): FROM, the
 // chat template in Go template syntax and the stop tokens of Gemma 4's chat format.
 std::string OllamaModelfile(const std::string& gguf_file, const GgufVocab& vocab);
