@@ -3,8 +3,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 namespace st {
+
+std::string ErrnoMessage(int err) {
+  return std::strerror(err);
+}
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {

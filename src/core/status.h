@@ -82,6 +82,10 @@ std::string StrCat(const Args&... args) {
   return os.str();
 }
 
+// The text of an errno value ("No such file or directory") for a message's "why" part; call it
+// before anything else can change errno.
+std::string ErrnoMessage(int err);
+
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:

@@ -21,15 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string Errno() {
-  return std::strerror(errno);
-}
-
 Status Fsync(const std::string& path, int flags, const char* what) {
   Fd fd(::open(path.c_str(), flags | O_CLOEXEC));
-  if (fd.get() < 0) return IoError(StrCat(path, ": cannot open ", what, ": ", Errno()));
+  if (fd.get() < 0) return IoError(StrCat(path, ": cannot open ", what, ": ", ErrnoMessage(errno)));
   if (::fsync(fd.get()) != 0 && errno != EINVAL)
-    return IoError(StrCat(path, ": fsync failed: ", Errno()));
+    return IoError(StrCat(path, ": fsync failed: ", ErrnoMessage(errno)));
   return Status::Ok();
 }
 
@@ -63,7 +59,8 @@ std::string HashText(const std::string& text) {
 
 StatusOr<std::string> HashFile(const std::string& path, HashKind kind, const std::string& prefix) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return IoError(StrCat(path, ": cannot open for hashing: ", Errno()));
+  if (fd.get() < 0)
+    return IoError(StrCat(path, ": cannot open for hashing: ", ErrnoMessage(errno)));
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), kind == HashKind::kSha1 ? EVP_sha1() : EVP_sha256(),
                                 nullptr) != 1)
@@ -73,7 +70,7 @@ StatusOr<std::string> HashFile(const std::string& path, HashKind kind, const std
   for (;;) {
     const ssize_t k = ::read(fd.get(), buf.data(), buf.size());
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return IoError(StrCat(path, ": read failed while hashing: ", Errno()));
+    if (k < 0) return IoError(StrCat(path, ": read failed while hashing: ", ErrnoMessage(errno)));
     if (k == 0) break;
     EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(k));
   }
@@ -106,8 +103,9 @@ Status WriteAll(int fd, const void* buf, size_t size, const std::string& path) {
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const bool full = w < 0 && errno == ENOSPC;
-      return IoError(StrCat(path, ": write failed: ", w < 0 ? Errno() : std::string("no progress"),
-                            full ? " (is the disk full?)" : ""));
+      return IoError(
+          StrCat(path, ": write failed: ", w < 0 ? ErrnoMessage(errno) : std::string("no progress"),
+                 full ? " (is the disk full?)" : ""));
     }
     p += w;
     size -= static_cast<size_t>(w);
@@ -119,13 +117,13 @@ Status WriteFileDurably(const std::string& path, const std::string& text) {
   const std::string tmp = StrCat(path, ".tmp", ::getpid());
   {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) return IoError(StrCat(tmp, ": cannot create: ", Errno()));
+    if (fd.get() < 0) return IoError(StrCat(tmp, ": cannot create: ", ErrnoMessage(errno)));
     if (Status w = WriteAll(fd.get(), text.data(), text.size(), tmp); !w.ok()) {
       ::unlink(tmp.c_str());
       return w;
     }
     if (::fsync(fd.get()) != 0) {
-      const std::string why = Errno();
+      const std::string why = ErrnoMessage(errno);
       ::unlink(tmp.c_str());
       return IoError(StrCat(tmp, ": fsync failed: ", why));
     }
@@ -135,7 +133,7 @@ Status WriteFileDurably(const std::string& path, const std::string& text) {
 
 Status RenameDurably(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
-    return IoError(StrCat("cannot rename ", from, " to ", to, ": ", Errno()));
+    return IoError(StrCat("cannot rename ", from, " to ", to, ": ", ErrnoMessage(errno)));
   return FsyncDir(ParentOf(to));
 }
 
@@ -146,7 +144,7 @@ StatusOr<std::map<std::string, std::string>> ReadChecksums(const std::string& di
     return DataLoss(StrCat(dir, " has no ", kChecksumsFile,
                            ": it was never committed (a run killed while writing it?)"));
   std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError(StrCat(path, ": cannot open: ", Errno()));
+  if (!in) return IoError(StrCat(path, ": cannot open: ", ErrnoMessage(errno)));
   std::map<std::string, std::string> out;
   std::string line;
   while (std::getline(in, line)) {

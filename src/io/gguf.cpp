@@ -24,10 +24,6 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
 constexpr int kMaxDims = 4;              // GGML_MAX_DIMS
 
-std::string Errno(int err) {
-  return std::strerror(err);
-}
-
 bool IsFloat(GgufValueType t) {
   return t == GgufValueType::kF32 || t == GgufValueType::kF64;
 }
@@ -353,18 +349,19 @@ StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
     Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
       const int err = errno;
-      const std::string msg = StrCat(path, ": cannot open: ", Errno(err));
+      const std::string msg = StrCat(path, ": cannot open: ", ErrnoMessage(err));
       return err == ENOENT ? NotFound(msg) : IoError(msg);
     }
     struct stat sb;
-    if (::fstat(fd.get(), &sb) != 0) return IoError(StrCat(path, ": fstat failed: ", Errno(errno)));
+    if (::fstat(fd.get(), &sb) != 0)
+      return IoError(StrCat(path, ": fstat failed: ", ErrnoMessage(errno)));
     if (!S_ISREG(sb.st_mode)) return InvalidArgument(StrCat(path, ": not a regular file"));
     const auto size = static_cast<size_t>(sb.st_size);
     if (size < 24)
       return DataLoss(StrCat(path, ": ", size,
                              " bytes, shorter than a GGUF header (24 bytes); not a GGUF file"));
     void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (map == MAP_FAILED) return IoError(StrCat(path, ": mmap failed: ", Errno(errno)));
+    if (map == MAP_FAILED) return IoError(StrCat(path, ": mmap failed: ", ErrnoMessage(errno)));
     f.map_ = map;
     f.map_size_ = size;
   }
@@ -588,7 +585,7 @@ Status GgufWriter::Write(const std::string& path, const FillFn& fill) {
   }
   head.resize(PadTo(head.size(), alignment_), '\0');
   Fd fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return IoError(StrCat(tmp_, ": cannot create: ", Errno(errno)));
+  if (fd.get() < 0) return IoError(StrCat(tmp_, ": cannot create: ", ErrnoMessage(errno)));
   ST_RETURN_IF_ERROR(WriteAll(fd.get(), head.data(), head.size(), tmp_));
   const std::vector<uint8_t> zeros(alignment_, 0);
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -608,7 +605,7 @@ Status GgufWriter::Write(const std::string& path, const FillFn& fill) {
     ST_RETURN_IF_ERROR(
         WriteAll(fd.get(), zeros.data(), PadTo(written, alignment_) - written, tmp_));
   }
-  if (::fsync(fd.get()) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", Errno(errno)));
+  if (::fsync(fd.get()) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", ErrnoMessage(errno)));
   return Status::Ok();
 }
 

@@ -56,10 +56,6 @@ const DTypeDesc* FindDType(const std::string& name) {
   return nullptr;
 }
 
-std::string ErrnoString(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
-
 // Move-only owner of a file descriptor.
 class ScopedFd {
  public:
@@ -376,10 +372,10 @@ Status SyncParentDir(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return IoError(StrCat(dir, ": cannot open directory: ", ErrnoString(errno)));
+  if (fd.get() < 0) return IoError(StrCat(dir, ": cannot open directory: ", ErrnoMessage(errno)));
   // Some file systems cannot fsync a directory (EINVAL); the rename is then as durable as it gets.
   if (::fsync(fd.get()) != 0 && errno != EINVAL) {
-    return IoError(StrCat(dir, ": fsync of directory failed: ", ErrnoString(errno)));
+    return IoError(StrCat(dir, ": fsync of directory failed: ", ErrnoMessage(errno)));
   }
   return Status::Ok();
 }
@@ -395,12 +391,12 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Open(const std::string& path) {
     ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
       int err = errno;
-      std::string msg = StrCat(path, ": cannot open: ", ErrnoString(err));
+      std::string msg = StrCat(path, ": cannot open: ", ErrnoMessage(err));
       return err == ENOENT ? NotFound(msg) : IoError(msg);
     }
     struct stat sb;
     if (::fstat(fd.get(), &sb) != 0) {
-      return IoError(StrCat(path, ": fstat failed: ", ErrnoString(errno)));
+      return IoError(StrCat(path, ": fstat failed: ", ErrnoMessage(errno)));
     }
     if (!S_ISREG(sb.st_mode)) return InvalidArgument(StrCat(path, ": not a regular file"));
     size_t size = static_cast<size_t>(sb.st_size);
@@ -410,7 +406,7 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Open(const std::string& path) {
                  " bytes, shorter than the 8-byte header length; not a safetensors file"));
     }
     void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (map == MAP_FAILED) return IoError(StrCat(path, ": mmap failed: ", ErrnoString(errno)));
+    if (map == MAP_FAILED) return IoError(StrCat(path, ": mmap failed: ", ErrnoMessage(errno)));
     f.map_ = map;
     f.map_size_ = size;
   }  // the mapping outlives the descriptor
@@ -577,7 +573,7 @@ StatusOr<SafeTensorsWriter> SafeTensorsWriter::Create(
   w.tensors_ = std::move(tensors);
   w.bytes_ = std::move(plan->bytes);
   w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w.fd_ < 0) return IoError(StrCat(w.tmp_, ": cannot create: ", ErrnoString(errno)));
+  if (w.fd_ < 0) return IoError(StrCat(w.tmp_, ": cannot create: ", ErrnoMessage(errno)));
   unsigned char len[8];
   const uint64_t n = plan->header.size();
   std::memcpy(len, &n, 8);  // little-endian host (static_assert above)
@@ -685,17 +681,17 @@ Status SafeTensorsWriter::Commit() {
   if (current_ != tensors_.size())
     return Internal(StrCat(tmp_, ": tensor '", tensors_[current_].name, "' has ", written_,
                            " of its ", bytes_[current_], " bytes"));
-  if (::fsync(fd_) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", ErrnoString(errno)));
+  if (::fsync(fd_) != 0) return IoError(StrCat(tmp_, ": fsync failed: ", ErrnoMessage(errno)));
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());
-    return IoError(StrCat(tmp_, ": close failed: ", ErrnoString(err)));
+    return IoError(StrCat(tmp_, ": close failed: ", ErrnoMessage(err)));
   }
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());
-    return IoError(StrCat("cannot rename ", tmp_, " to ", path_, ": ", ErrnoString(err)));
+    return IoError(StrCat("cannot rename ", tmp_, " to ", path_, ": ", ErrnoMessage(err)));
   }
   return SyncParentDir(path_);
 }

@@ -11,12 +11,6 @@
 
 namespace st::comm::shm {
 
-namespace {
-std::string Errno() {
-  return std::strerror(errno);
-}
-}  // namespace
-
 SharedSegment::~SharedSegment() {
   Unmap();
 }
@@ -45,11 +39,13 @@ void SharedSegment::Unmap() {
 
 StatusOr<SharedSegment> SharedSegment::Create(size_t bytes, const std::string& label) {
   Fd fd(::memfd_create(label.c_str(), MFD_CLOEXEC));
-  if (!fd.valid()) return IoError("memfd_create: " + Errno());
+  if (!fd.valid()) return IoError("memfd_create: " + ErrnoMessage(errno));
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
-    return IoError(StrCat("cannot size a shared segment of ", bytes, " bytes: ", Errno()));
+    return IoError(
+        StrCat("cannot size a shared segment of ", bytes, " bytes: ", ErrnoMessage(errno)));
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return IoError(StrCat("mmap of ", bytes, " shared bytes: ", Errno()));
+  if (p == MAP_FAILED)
+    return IoError(StrCat("mmap of ", bytes, " shared bytes: ", ErrnoMessage(errno)));
   SharedSegment s;
   s.fd_ = std::move(fd);
   s.data_ = p;
@@ -61,13 +57,13 @@ StatusOr<SharedSegment> SharedSegment::Attach(int pid, int fd_number, size_t byt
   const std::string path = StrCat("/proc/", pid, "/fd/", fd_number);
   Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (!fd.valid())
-    return IoError(
-        StrCat("cannot open the shared segment of process ", pid, " (", path, "): ", Errno()));
+    return IoError(StrCat("cannot open the shared segment of process ", pid, " (", path,
+                          "): ", ErrnoMessage(errno)));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != bytes)
     return IoError(StrCat(path, " is not the expected ", bytes, "-byte shared segment"));
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return IoError(StrCat("mmap of ", path, ": ", Errno()));
+  if (p == MAP_FAILED) return IoError(StrCat("mmap of ", path, ": ", ErrnoMessage(errno)));
   SharedSegment s;
   s.data_ = p;
   s.size_ = bytes;
