@@ -65,9 +65,39 @@ TEST(Quant, FloatAndBlockFormatsEqualGgufsReference) {
   }
 }
 
-// gguf 0.19 dequantizes the K-quants but cannot quantize them (QuantizeRow refuses them too).
-// Tolerance 1e-5: Q4_K's d * scale * q - dmin * min may be fused into one FMA by the compiler
-// (values up to about 100 here, so one rounding of the product is below 1e-5).
+// The K-quants' quantizers against ggml's own C reference (quantize_row_q4_K_ref,
+// quantize_row_q6_K_ref, through llama-cpp-python; tools/make_gguf_fixtures.py): byte for byte
+// on 64 super-blocks that take their searches down every path, and the dequantized values as
+// ggml's dequantize_row_q4_K / _q6_K give them.
+TEST(Quant, KQuantsEqualGgmlsReferenceQuantizers) {
+  const std::vector<float> x = Floats(kDir + "kvalues.f32");
+  ASSERT_EQ(x.size(), 64u * 256);
+  for (const char* name : {"q4_k", "q6_k"}) {
+    SCOPED_TRACE(name);
+    const GgmlType t = *ParseGgmlType(name);
+    const std::vector<uint8_t> want = Bytes(kDir + "quant." + name);
+    const std::vector<float> want_f = Floats(kDir + "kdequant." + name);
+    const size_t row_bytes = GgmlRowBytes(t, 256);
+    ASSERT_EQ(want.size(), 64 * row_bytes);
+    int differing = 0;
+    for (int r = 0; r < 64; ++r) {
+      std::vector<uint8_t> got(row_bytes);
+      ASSERT_TRUE(QuantizeRow(t, x.data() + r * 256, 256, got.data()));
+      if (std::memcmp(got.data(), want.data() + r * row_bytes, row_bytes) != 0) {
+        ++differing;
+        ADD_FAILURE() << "super-block " << r << " differs from ggml's";
+      }
+      std::vector<float> back(256);
+      DequantizeRow(t, want.data() + r * row_bytes, 256, back.data());
+      for (int j = 0; j < 256; ++j)
+        ASSERT_EQ(back[j], want_f[r * 256 + j]) << "row " << r << " value " << j;
+    }
+    EXPECT_EQ(differing, 0);
+  }
+}
+
+// gguf (numpy) dequantizes the K-quants too: random super-blocks agree with it. Tolerance 1e-5:
+// numpy may order d * scale * q - dmin * min differently.
 TEST(Quant, KQuantsDequantizeAsGguf) {
   for (const char* name : {"q4_k", "q6_k"}) {
     SCOPED_TRACE(name);
@@ -78,10 +108,11 @@ TEST(Quant, KQuantsDequantizeAsGguf) {
     std::vector<float> got(1024);
     DequantizeRow(t, blocks.data(), 1024, got.data());
     for (int j = 0; j < 1024; ++j) EXPECT_NEAR(got[j], want[j], 1e-5) << j;
-    std::vector<uint8_t> out(blocks.size());
-    EXPECT_FALSE(QuantizeRow(t, got.data(), 1024, out.data()));
   }
   EXPECT_EQ(GgmlRowBytes(GgmlType::kQ4_K, 100), 0u);  // not a whole number of blocks
+  std::vector<float> row(100, 1.0f);
+  std::vector<uint8_t> out(1000);
+  EXPECT_FALSE(QuantizeRow(GgmlType::kQ4_K, row.data(), 100, out.data()));
   EXPECT_FALSE(ParseGgmlType("q5_k").has_value());
 }
 

@@ -13,6 +13,10 @@ What it writes (all little-endian):
   - quant.<type> for F16, BF16, Q8_0 and Q4_0: gguf.quants.quantize(values, type) as bytes (gguf's numpy versions of
     ggml-quants.c's reference quantizers, bit-exact with them per gguf), and dequant.<type>: gguf.quants.dequantize
     of those bytes as fp32.
+  - kvalues.f32: 64 rows x 256 fp32 inputs for the K-quants (see k_inputs), quant.q4_k / quant.q6_k: ggml's C
+    reference quantizers (quantize_row_q4_K_ref, quantize_row_q6_K_ref) on them, called in llama-cpp-python's
+    libggml-base.so (tools/requirements-llama.txt; these files are left as they are without it), and
+    kdequant.q4_k / kdequant.q6_k: ggml's dequantize_row_q4_K / _q6_K of those bytes.
   - blocks.<type> for Q4_K and Q6_K (gguf 0.19 has no quantizer for them): 4 super-blocks of random bytes whose fp16
     scales are random finite values in [1e-3, 1e-1], and dequant.<type>: gguf.quants.dequantize of them.
   - writer.gguf: a file written by gguf.GGUFWriter (architecture "slicetrain-test"): one metadata value of every
@@ -21,6 +25,7 @@ What it writes (all little-endian):
     (metadata values with their GGUF type names, tensors with name, ne, ggml type and their values as fp32).
 """
 import argparse
+import ctypes
 import json
 import os
 from pathlib import Path
@@ -55,6 +60,52 @@ def inputs() -> np.ndarray:
     return np.stack(rows)
 
 
+def k_inputs() -> np.ndarray:
+    """64 rows of 256 values (one K-quant super-block each) that take the quantizers' searches down every path:
+    Gaussian rows over 12 binary orders of magnitude, rows with an offset (all positive: the min clamps to 0),
+    all negative, sparse rows (mostly exact zeros), heavy-tailed rows, constant and all-zero sub-blocks, one outlier per
+    sub-block, values far below fp16's range, the Q8_0 rows of values.f32."""
+    rng = np.random.default_rng(4321)
+    rows = []
+    for k in range(24):
+        rows.append(rng.standard_normal(256) * 2.0 ** rng.uniform(-10, 2))
+    for k in range(8):
+        rows.append(np.abs(rng.standard_normal(256)) + rng.uniform(0, 3))
+    for k in range(4):
+        rows.append(-np.abs(rng.standard_normal(256)) * rng.uniform(0.01, 5))
+    for k in range(8):
+        r = rng.standard_normal(256) * 0.05
+        r[rng.uniform(size=256) < 0.8] = 0
+        rows.append(r)
+    for k in range(8):
+        rows.append(rng.standard_t(2, 256) * 0.02)
+    const = np.zeros(256)
+    const[:32] = 0.75
+    const[64:96] = -0.125
+    const[128:] = rng.standard_normal(128)
+    rows.append(const)
+    rows.append(np.zeros(256))
+    outlier = rng.standard_normal(256) * 0.01
+    outlier[::32] = 9.0  # one value dominating each Q4_K sub-block
+    rows.append(outlier)
+    rows.append(rng.standard_normal(256) * 1e-9)  # scales far below fp16's normal range
+    rows.extend(inputs().astype(np.float64))
+    return np.stack(rows).astype(np.float32)
+
+
+def ggml_base():
+    """ggml's base library from llama-cpp-python, or None."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    for f in ("quantize_row_q4_K_ref", "quantize_row_q6_K_ref", "dequantize_row_q4_K", "dequantize_row_q6_K"):
+        getattr(lib, f).restype = None
+        getattr(lib, f).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return lib
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "tests/fixtures/gguf"))
@@ -80,6 +131,25 @@ def main() -> None:
             blocks[:, block_bytes - 2:] = scales[:, 0:2]  # d is last
         blocks.tofile(out / f"blocks.{name}")
         gguf.quants.dequantize(blocks, qt).astype(np.float32).tofile(out / f"dequant.{name}")
+
+    # The K-quants' quantizers: ggml's own C reference (quantize_row_q4_K_ref, quantize_row_q6_K_ref in
+    # ggml-quants.c), called in the libggml-base.so that llama-cpp-python builds (tools/requirements-llama.txt);
+    # gguf has no Python version of them. Skipped, keeping the files there, when llama-cpp-python is missing.
+    ggml = ggml_base()
+    if ggml is None:
+        print("llama-cpp-python is not installed: kvalues.f32 and quant.q4_k/quant.q6_k are left as they are")
+    else:
+        kx = k_inputs()
+        kx.tofile(out / "kvalues.f32")
+        for name, fn, block_bytes in (("q4_k", ggml.quantize_row_q4_K_ref, 144),
+                                      ("q6_k", ggml.quantize_row_q6_K_ref, 210)):
+            q = np.zeros(kx.size // 256 * block_bytes, np.uint8)
+            fn(kx.ctypes.data_as(ctypes.c_void_p), q.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(kx.size))
+            q.tofile(out / f"quant.{name}")
+            back = np.zeros(kx.size, np.float32)
+            deq = getattr(ggml, "dequantize_row_" + name[:2] + name[2:].upper())
+            deq(q.ctypes.data_as(ctypes.c_void_p), back.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(kx.size))
+            back.tofile(out / f"kdequant.{name}")
 
     path = out / "writer.gguf"
     w = gguf.GGUFWriter(str(path), "slicetrain-test")
