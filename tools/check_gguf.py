@@ -271,7 +271,7 @@ def main() -> None:
 
     # 2. Our files.
     ours = {}
-    for q in ("f32", "bf16", "f16", "q8_0", "q4_0"):
+    for q in ("f32", "bf16", "f16", "q8_0", "q6_k", "q4_0"):
         path = work / f"out/ours_{q}.gguf"
         r = subprocess.run([args.bin, "export", "--model-id", str(model_dir), "--format", "gguf", "--quant", q,
                             "--output", str(path)], capture_output=True, text=True)

@@ -73,6 +73,8 @@ int64_t FileType(GgmlType t) {
       return 2;
     case GgmlType::kQ8_0:
       return 7;
+    case GgmlType::kQ6_K:
+      return 18;
     case GgmlType::kBF16:
       return 32;
     default:
@@ -145,6 +147,12 @@ double ErrorBound(GgmlType t, double x, double block_amax) {
       const double d = block_amax / 8;
       return d + 8 * (d * kHalfUlpF16 + kF16MinStep / 2) + 1e-6 * block_amax;
     }
+    case GgmlType::kQ6_K:
+      // Sixteen sub-blocks whose int8 scales are relative to the super-block's largest: a sub-block
+      // whose scale rounds down clips its extremes (up to about max|x| / 240 over half a step of
+      // max|x| / 64); d, stored as fp16, is often subnormal, absolutely off by up to 2^-25, times
+      // at most 128 x 32 levels.
+      return block_amax / 24 + 0x1p-12;
     default:
       return 0;
   }
@@ -239,7 +247,8 @@ Status WriteChecked(const LoadedModel& m, GgufWriter& w, const std::vector<Plann
     if (p.entry < 0) src.SetRope(rope_freqs);
     const size_t row_bytes = GgmlRowBytes(p.type, p.cols);
     const int64_t block = GgmlTypeOf(p.type).block_elems;
-    const bool blocked = p.type == GgmlType::kQ8_0 || p.type == GgmlType::kQ4_0;
+    const bool blocked =
+        p.type == GgmlType::kQ8_0 || p.type == GgmlType::kQ4_0 || p.type == GgmlType::kQ6_K;
     const int64_t chunk = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(p.cols, 1));
     double err2 = 0, val2 = 0;
     for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
@@ -340,13 +349,14 @@ StatusOr<GgmlType> ParseGgufQuant(const std::string& name) {
   if (s == "bf16") return GgmlType::kBF16;
   if (s == "q8_0") return GgmlType::kQ8_0;
   if (s == "q4_0") return GgmlType::kQ4_0;
-  if (s == "q4_k_m" || s == "q4_k_s" || s == "q6_k" || s == "q4_k" || s == "q5_k_m")
-    return InvalidArgument(StrCat(
-        "--quant ", name,
-        ": the K-quant formats are not written yet; use q8_0 or q4_0 (or bf16 and llama.cpp's "
-        "llama-quantize)"));
+  if (s == "q6_k") return GgmlType::kQ6_K;
+  if (s == "q4_k_m" || s == "q4_k_s" || s == "q4_k" || s == "q5_k_m" || s == "q5_k_s")
+    return InvalidArgument(
+        StrCat("--quant ", name,
+               ": this K-quant mixture is not written yet; use q6_k, q8_0 or q4_0 (or bf16 and "
+               "llama.cpp's llama-quantize)"));
   return InvalidArgument(
-      StrCat("--quant ", name, ": unknown; use one of f32, f16, bf16, q8_0, q4_0"));
+      StrCat("--quant ", name, ": unknown; use one of f32, f16, bf16, q8_0, q6_k, q4_0"));
 }
 
 StatusOr<GgufVocab> ReadGgufVocab(const std::string& dir, int64_t vocab_size) {
@@ -521,8 +531,11 @@ StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOpti
       p.type = GgmlType::kF32;
     } else {
       p.type = o.weight_type;
-      // A row that is not a whole number of the format's blocks is stored as F16, as llama.cpp's
-      // converter does.
+      // A row that is not a whole number of the format's blocks: Q6_K falls back to Q8_0 as
+      // llama.cpp's llama-quantize does, anything else (and Q8_0 then) to F16 as its converter
+      // does.
+      if (p.type == GgmlType::kQ6_K && p.cols % GgmlTypeOf(p.type).block_elems != 0)
+        p.type = GgmlType::kQ8_0;
       if (p.cols % GgmlTypeOf(p.type).block_elems != 0) p.type = GgmlType::kF16;
     }
     plan.push_back(std::move(p));
@@ -646,7 +659,10 @@ StatusOr<GgufExportReport> ExportGgufLora(const LoadedModel& m, const GgufExport
       p.cols = en.shape.back();
       p.rows = en.numel / p.cols;
       p.ne.assign(en.shape.rbegin(), en.shape.rend());
-      p.type = p.cols % GgmlTypeOf(o.weight_type).block_elems == 0 ? o.weight_type : GgmlType::kF16;
+      p.type = o.weight_type;
+      if (p.type == GgmlType::kQ6_K && p.cols % GgmlTypeOf(p.type).block_elems != 0)
+        p.type = GgmlType::kQ8_0;
+      if (p.cols % GgmlTypeOf(p.type).block_elems != 0) p.type = GgmlType::kF16;
       plan.push_back(std::move(p));
     }
   }
