@@ -176,6 +176,19 @@ def hf_greedy(model, ids, n, stop):
     return out[0, len(ids):].tolist()
 
 
+def llama_greedy(llm, prompt_ids, n, stop):
+    """llama.cpp's greedy continuation of each prompt: up to n tokens, ending at a stop token."""
+    out = []
+    for ids in prompt_ids:
+        toks = []
+        for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            toks.append(t)
+            if len(toks) == n or t in stop:
+                break
+        out.append(toks)
+    return out
+
+
 def agreement(xs, ys) -> float:
     """Position-wise agreement of greedy continuations (each ends at eos or after n tokens)."""
     same = sum(a == b for x, y in zip(xs, ys) for a, b in zip(x, y))
@@ -225,15 +238,7 @@ def check_lora(args, work: Path, model_dir: Path, tree: Path, gguf_src, env, tok
         llm = Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False, n_threads=2, seed=0, **kw)
         llm.eval(prompt_ids[0])
         lg = np.array(llm.scores[:len(prompt_ids[0])], dtype=np.float64)
-        toks = []
-        for ids in prompt_ids:
-            out = []
-            for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-                out.append(t)
-                if len(out) == args.new_tokens or t in stop:
-                    break
-            toks.append(out)
-        return lg, toks
+        return lg, llama_greedy(llm, prompt_ids, args.new_tokens, stop)
     rel = lambda a: float(np.linalg.norm(a - ref_logits) / np.linalg.norm(ref_logits))
     lg_m, tok_m = run(merged)
     st_tokens = []
@@ -342,15 +347,7 @@ def main() -> None:
         llm.eval(prompt_ids[0])
         lg = np.array(llm.scores[:len(prompt_ids[0])], dtype=np.float64)
         rel = float(np.linalg.norm(lg - ref_logits) / np.linalg.norm(ref_logits))
-        toks = []
-        for ids in prompt_ids:
-            llm.reset()
-            out = []
-            for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-                out.append(t)
-                if len(out) == args.new_tokens or t in stop:
-                    break
-            toks.append(out)
+        toks = llama_greedy(llm, prompt_ids, args.new_tokens, stop)
         greedy[q] = toks
         agree_hf = agreement(toks, hf_tokens)
         rows.append((q, path.stat().st_size, rel, agree_hf))

@@ -82,6 +82,15 @@ int64_t FileType(GgmlType t) {
   }
 }
 
+// The type a matrix with rows of `cols` values is stored in for --quant `want`: a row that is not
+// a whole number of the format's blocks falls back as llama.cpp does, Q6_K to Q8_0 (llama-quantize)
+// and anything else (Q8_0 then too) to F16 (its converter).
+GgmlType StoredType(GgmlType want, int64_t cols) {
+  if (want == GgmlType::kQ6_K && cols % GgmlTypeOf(want).block_elems != 0) want = GgmlType::kQ8_0;
+  if (cols % GgmlTypeOf(want).block_elems != 0) want = GgmlType::kF16;
+  return want;
+}
+
 // One planned tensor of the file.
 struct Planned {
   std::string gguf_name;
@@ -530,13 +539,7 @@ StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOpti
     if (en.shape.size() < 2) {
       p.type = GgmlType::kF32;
     } else {
-      p.type = o.weight_type;
-      // A row that is not a whole number of the format's blocks: Q6_K falls back to Q8_0 as
-      // llama.cpp's llama-quantize does, anything else (and Q8_0 then) to F16 as its converter
-      // does.
-      if (p.type == GgmlType::kQ6_K && p.cols % GgmlTypeOf(p.type).block_elems != 0)
-        p.type = GgmlType::kQ8_0;
-      if (p.cols % GgmlTypeOf(p.type).block_elems != 0) p.type = GgmlType::kF16;
+      p.type = StoredType(o.weight_type, p.cols);
     }
     plan.push_back(std::move(p));
   }
@@ -659,10 +662,7 @@ StatusOr<GgufExportReport> ExportGgufLora(const LoadedModel& m, const GgufExport
       p.cols = en.shape.back();
       p.rows = en.numel / p.cols;
       p.ne.assign(en.shape.rbegin(), en.shape.rend());
-      p.type = o.weight_type;
-      if (p.type == GgmlType::kQ6_K && p.cols % GgmlTypeOf(p.type).block_elems != 0)
-        p.type = GgmlType::kQ8_0;
-      if (p.cols % GgmlTypeOf(p.type).block_elems != 0) p.type = GgmlType::kF16;
+      p.type = StoredType(o.weight_type, p.cols);
       plan.push_back(std::move(p));
     }
   }
