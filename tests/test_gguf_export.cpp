@@ -384,6 +384,11 @@ TEST(GgufExport, LoraAdapterAloneInLlamaCppsLayout) {
       kBin + " export --model-id gemma4-tiny --format gguf-lora --output " + dir + "/cli.gguf");
   EXPECT_EQ(cli.code, 2) << cli.out;
   EXPECT_NE(cli.out.find("--adapter"), std::string::npos) << cli.out;
+  const test::Ran ollama =
+      test::RunCommand(kBin + " export --model-id gemma4-tiny --adapter " + dir +
+                       " --format gguf-lora --ollama --output " + dir + "/cli.gguf");
+  EXPECT_EQ(ollama.code, 2) << ollama.out;
+  EXPECT_NE(ollama.out.find("--ollama"), std::string::npos) << ollama.out;
   fs::remove_all(dir);
 }
 
@@ -414,6 +419,14 @@ TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
   EXPECT_NE(modelfile.find("PARAMETER stop \"<turn|>\""), std::string::npos) << modelfile;
   EXPECT_NE(modelfile.find("<|turn>model"), std::string::npos) << modelfile;
 
+  // A second --ollama export into the same directory would overwrite the Modelfile: refused
+  // before anything is written.
+  const test::Ran twice =
+      test::RunCommand(kBin + " export --model-id " + model + " --format gguf --ollama --output " +
+                       dir + "/out/other.gguf");
+  EXPECT_EQ(twice.code, 2) << twice.out;
+  EXPECT_NE(twice.out.find("Modelfile exists"), std::string::npos) << twice.out;
+  EXPECT_FALSE(fs::exists(dir + "/out/other.gguf"));
   // Again onto the same path: refused, the file kept.
   const test::Ran again =
       test::RunCommand(kBin + " export --model-id " + model + " --format gguf --output " + out);

@@ -44,12 +44,21 @@ Status RunGguf(const ExportArgs& a) {
     return InvalidArgument(
         "--format gguf-lora writes an adapter: give --adapter (and its base as "
         "--model-id)");
+  if (lora && a.ollama)
+    return InvalidArgument(
+        "--ollama writes a Modelfile for a model: use it with --format gguf "
+        "(Ollama takes an adapter through ADAPTER in the base's Modelfile)");
   ST_ASSIGN_OR_RETURN(const GgmlType type, ParseGgufQuant(a.quant));
   std::error_code ec;
   if (fs::exists(a.output, ec))
     return InvalidArgument(
         StrCat("--output ", a.output, " exists; name a new file (or remove it first)"));
   const fs::path out(a.output);
+  const fs::path modelfile = out.parent_path() / "Modelfile";
+  if (a.ollama && fs::exists(modelfile, ec))
+    return InvalidArgument(StrCat(modelfile.string(),
+                                  " exists; remove it or write the file "
+                                  "into another directory"));
   if (out.has_parent_path()) {
     fs::create_directories(out.parent_path(), ec);
     if (ec)
@@ -119,11 +128,6 @@ Status RunGguf(const ExportArgs& a) {
       100 * r.worst_relative_rms_error, r.worst_tensor.c_str());
   std::printf("Time: %.1f s, peak RSS %.0f MiB\n", r.seconds, ReadProcessMemory().peak_mib);
   if (a.ollama) {
-    const fs::path modelfile = out.parent_path() / "Modelfile";
-    if (fs::exists(modelfile, ec))
-      return InvalidArgument(StrCat(modelfile.string(),
-                                    " exists; the GGUF file is written, the "
-                                    "Modelfile is not (remove it and rerun)"));
     ST_RETURN_IF_ERROR(
         WriteFileDurably(modelfile.string(), OllamaModelfile(out.filename().string(), r.vocab)));
     std::printf("Ollama: %s (ollama create %s -f %s)\n", modelfile.string().c_str(), o.name.c_str(),
