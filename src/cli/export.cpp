@@ -206,7 +206,7 @@ void RegisterExportCommand(CLI::App& app, Context& ctx) {
                   "and LM Studio; gguf-lora: --adapter alone as a llama.cpp LoRA GGUF")
       ->capture_default_str();
   cmd->add_option("--quant", a->quant,
-                  "GGUF: the matrices' format: f32, f16, bf16, q8_0 or q4_0 (norms stay f32)")
+                  "GGUF: the matrices' format: f32, f16, bf16, q8_0, q6_k or q4_0 (norms stay f32)")
       ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "GGUF: tokenizer.json / directory (default: the adapter's, the model's, else "
