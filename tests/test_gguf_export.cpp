@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,21 @@ TEST(GgufExport, VocabularyHasTheTokenizersTokensAndTypes) {
   EXPECT_EQ(small.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(small.message().find("1000"), std::string::npos);
   EXPECT_EQ(ReadGgufVocab("/nonexistent", 8192).status().code(), StatusCode::kNotFound);
+  // A field of the wrong JSON type is one error, not an exception.
+  const std::string bad = test::TempDir("gguf_vocab_bad");
+  std::string text = test::ReadFile(kTokenizer + "/tokenizer.json");
+  const size_t at = text.find("\"id\": 0");
+  const size_t at2 = text.find("\"id\":0");
+  ASSERT_TRUE(at != std::string::npos || at2 != std::string::npos);
+  if (at != std::string::npos)
+    text.replace(at, 7, "\"id\": \"zero\"");
+  else
+    text.replace(at2, 6, "\"id\":\"zero\"");
+  std::ofstream(bad + "/tokenizer.json") << text;
+  const Status typed = ReadGgufVocab(bad, 8192).status();
+  EXPECT_EQ(typed.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(typed.message().find("unexpected type"), std::string::npos) << typed.message();
+  fs::remove_all(bad);
 }
 
 // An F32 export holds the model's values exactly, under llama.cpp's names and shapes, with the

@@ -368,7 +368,28 @@ StatusOr<GgmlType> ParseGgufQuant(const std::string& name) {
       StrCat("--quant ", name, ": unknown; use one of f32, f16, bf16, q8_0, q6_k, q4_0"));
 }
 
+namespace {
+
+StatusOr<GgufVocab> ReadGgufVocabOrThrow(const std::string& dir, int64_t vocab_size);
+
+}  // namespace
+
 StatusOr<GgufVocab> ReadGgufVocab(const std::string& dir, int64_t vocab_size) {
+  // A field of an unexpected JSON type (an id given as a string, say) throws in nlohmann's
+  // accessors: one error line naming the files, never an abort.
+  try {
+    return ReadGgufVocabOrThrow(dir, vocab_size);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(StrCat(dir,
+                                  ": tokenizer.json or tokenizer_config.json has a field of "
+                                  "an unexpected type (",
+                                  e.what(), ")"));
+  }
+}
+
+namespace {
+
+StatusOr<GgufVocab> ReadGgufVocabOrThrow(const std::string& dir, int64_t vocab_size) {
   const std::string tj_path = (fs::path(dir) / "tokenizer.json").string();
   std::error_code ec;
   if (!fs::exists(tj_path, ec))
@@ -484,6 +505,8 @@ StatusOr<GgufVocab> ReadGgufVocab(const std::string& dir, int64_t vocab_size) {
   }
   return v;
 }
+
+}  // namespace
 
 StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
