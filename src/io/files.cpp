@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,6 +130,13 @@ Status WriteFileDurably(const std::string& path, const std::string& text) {
     }
   }
   return RenameDurably(tmp, path);
+}
+
+void DropPages(const void* begin, size_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(begin);
+  const uintptr_t first = (start + page - 1) / page * page, last = (start + bytes) / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 Status RenameDurably(const std::string& from, const std::string& to) {

@@ -38,6 +38,12 @@ StatusOr<std::string> ReadTextFile(const std::string& path);
 // Writes `text` to path through `path.tmp<pid>`, fsync, rename, fsync of the parent directory.
 Status WriteFileDurably(const std::string& path, const std::string& text);
 
+// Gives the pages of a read-only file mapping that lie wholly inside [begin, begin + bytes) back
+// to the kernel (madvise MADV_DONTNEED): a partly covered page may still be in use by a neighbour
+// and is kept. The values read again from the file when touched; for streaming a large tensor
+// without holding the file in the process.
+void DropPages(const void* begin, size_t bytes);
+
 // rename(2) of a file or directory, then fsync of the destination's parent directory.
 Status RenameDurably(const std::string& from, const std::string& to);
 

@@ -512,13 +512,8 @@ void GgufFile::ReadF32(const GgufTensorInfo& t, float* dst) const {
 }
 
 void GgufFile::Release(const GgufTensorInfo& t, size_t begin, size_t count) const {
-  // Whole pages inside the range only: a neighbour's pages may still be in use.
-  count = std::min(count, t.bytes - std::min(begin, t.bytes));
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(Data(t)) + begin;
-  const uintptr_t first = (start + page - 1) / page * page;
-  const uintptr_t last = (start + count) / page * page;
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  begin = std::min(begin, t.bytes);
+  DropPages(Data(t) + begin, std::min(count, t.bytes - begin));
 }
 
 // ---- GgufWriter ----

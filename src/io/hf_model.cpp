@@ -1,8 +1,5 @@
 #include "io/hf_model.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -176,15 +173,6 @@ StatusOr<std::unique_ptr<CheckpointWeights>> CheckpointWeights::Open(
   return w;
 }
 
-namespace {
-// Drops the whole pages inside [begin, end) of a read-only file mapping from this process.
-void DropPages(uintptr_t begin, uintptr_t end) {
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
-  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
-}
-}  // namespace
-
 void CheckpointWeights::Read(int entry, int64_t begin, int64_t count, float* dst) const {
   const Where& w = where_[static_cast<size_t>(entry)];
   if (w.file == nullptr) {
@@ -199,12 +187,11 @@ void CheckpointWeights::Read(int entry, int64_t begin, int64_t count, float* dst
     w.file->ReadF32Range(*w.info, begin, count, dst);
     return;
   }
-  const uintptr_t base = reinterpret_cast<uintptr_t>(w.file->Data(*w.info));
+  const auto* base = static_cast<const uint8_t*>(w.file->Data(*w.info));
   for (int64_t j = 0; j < count; j += chunk) {
     const int64_t n = std::min(chunk, count - j);
     w.file->ReadF32Range(*w.info, begin + j, n, dst + j);
-    DropPages(base + static_cast<uintptr_t>((begin + j) * elem),
-              base + static_cast<uintptr_t>((begin + j + n) * elem));
+    DropPages(base + (begin + j) * elem, static_cast<size_t>(n * elem));
   }
 }
 
@@ -220,11 +207,10 @@ void CheckpointWeights::Release(int entry, int64_t begin, int64_t count) const {
   const Where& w = where_[static_cast<size_t>(entry)];
   if (w.file == nullptr) return;
   // The whole pages inside the range's bytes (a page shared with a neighbour is left alone).
-  const uintptr_t elem = ElementBytes(w.info->dtype), bytes = w.info->end - w.info->begin;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(w.file->Data(*w.info));
-  const uintptr_t a = std::min(bytes, static_cast<uintptr_t>(begin) * elem);
-  const uintptr_t b = count < 0 ? bytes : std::min(bytes, a + static_cast<uintptr_t>(count) * elem);
-  DropPages(base + a, base + b);
+  const size_t elem = ElementBytes(w.info->dtype), bytes = w.info->end - w.info->begin;
+  const size_t a = std::min(bytes, static_cast<size_t>(begin) * elem);
+  const size_t b = count < 0 ? bytes : std::min(bytes, a + static_cast<size_t>(count) * elem);
+  DropPages(static_cast<const uint8_t*>(w.file->Data(*w.info)) + a, b - a);
 }
 
 StatusOr<LoadReport> LoadParams(const std::vector<std::string>& files, const Gemma4Config& cfg,
