@@ -11,7 +11,6 @@
 
 #include "cli/commands.h"
 #include "data/hub_dataset.h"
-#include "io/files.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
 #include "kernels/cpu/cpu_features.h"
@@ -112,12 +111,7 @@ Status Run(const EvaluateArgs& a) {
       BundledDataDir(a.data_dir,
                      a.dataset.path.empty() ||
                          (a.tokenizer.empty() && !std::filesystem::is_directory(model_id, ec))));
-  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
-  if (!a.adapter.empty()) {
-    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(a.adapter, {kAdapterConfigFile, kAdapterWeightsFile})
-                           .WithContext("--adapter " + a.adapter));
-    ST_RETURN_IF_ERROR(AttachPeftAdapter(&m, a.adapter));
-  }
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
   // Forward only: one layer's activations at a time, the loss in tiles.
   EngineOptions forward_only;
   forward_only.training = false;

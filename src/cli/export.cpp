@@ -65,12 +65,7 @@ Status RunGguf(const ExportArgs& a) {
       return IoError(StrCat("cannot create ", out.parent_path().string(), ": ", ec.message()));
   }
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
-  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
-  if (!a.adapter.empty()) {
-    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(a.adapter, {kAdapterConfigFile, kAdapterWeightsFile})
-                           .WithContext("--adapter " + a.adapter));
-    ST_RETURN_IF_ERROR(AttachPeftAdapter(&m, a.adapter));
-  }
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
   GgufExportOptions o;
   o.output = a.output;
   o.weight_type = type;
@@ -154,10 +149,7 @@ Status Run(const ExportArgs& a) {
     return InvalidArgument(
         StrCat("--output ", a.output, " exists and is not empty; name a new directory"));
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
-  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, 42));
-  ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(a.adapter, {kAdapterConfigFile, kAdapterWeightsFile})
-                         .WithContext("--adapter " + a.adapter));
-  ST_RETURN_IF_ERROR(AttachPeftAdapter(&m, a.adapter));
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
   DType dtype = m.weights->dtype();
   if (!a.save_dtype.empty()) {
     ST_ASSIGN_OR_RETURN(dtype, ParseDTypeFlag(a.save_dtype));

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/files.h"
 #include "io/hf_model.h"
 #include "io/safetensors.h"
 
@@ -304,6 +305,16 @@ Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir) {
   StatusOr<LoraSpec> spec = LoraSpecFor(model->config, model->registry, c);
   if (!spec.ok()) return spec.status().WithContext(adapter_dir);
   return AttachLora(model, spec.value(), 0, adapter_dir);
+}
+
+StatusOr<LoadedModel> LoadModelWithAdapter(const std::string& model_id,
+                                           const std::string& adapter_dir, uint64_t seed) {
+  ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(model_id, seed));
+  if (adapter_dir.empty()) return m;
+  ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(adapter_dir, {kAdapterConfigFile, kAdapterWeightsFile})
+                         .WithContext("--adapter " + adapter_dir));
+  ST_RETURN_IF_ERROR(AttachPeftAdapter(&m, adapter_dir));
+  return m;
 }
 
 }  // namespace st

@@ -64,6 +64,12 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
 // AttachLora with the spec and tensors of an adapter directory.
 Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir);
 
+// LoadModel(model_id, seed), then, unless `adapter_dir` is empty, that PEFT adapter attached (its
+// files checked first against the directory's checksums where it lists them; errors name
+// --adapter): how evaluate, generate and export load a model.
+StatusOr<LoadedModel> LoadModelWithAdapter(const std::string& model_id,
+                                           const std::string& adapter_dir, uint64_t seed = 42);
+
 // `slicetrain export`: the base model with its adapters merged (W + s B A, PEFT's
 // merge_and_unload) as a Hugging Face model directory, streamed tensor by tensor: merged tensors
 // in `dtype`, the others copied as the base stores them. `model` carries the adapters.

@@ -94,12 +94,7 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     return InvalidArgument("--weights-dtype must be auto, fp32 or bf16, got '" + weights_dtype +
                            "'");
   auto g = std::make_unique<TextGenerator>();
-  ST_ASSIGN_OR_RETURN(g->model, LoadModel(model_id, preset_seed));
-  if (!adapter.empty()) {
-    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(adapter, {kAdapterConfigFile, kAdapterWeightsFile})
-                           .WithContext("--adapter " + adapter));
-    ST_RETURN_IF_ERROR(AttachPeftAdapter(&g->model, adapter));
-  }
+  ST_ASSIGN_OR_RETURN(g->model, LoadModelWithAdapter(model_id, adapter, preset_seed));
   const Gemma4Config& cfg = g->model.config;
   if (capacity == 0) capacity = std::min<int64_t>(4096, cfg.max_position_embeddings);
   g->capacity = capacity;
