@@ -44,7 +44,7 @@ void WriteBytes(const std::string& path, const std::vector<uint8_t>& b) {
 TEST(Quant, FloatAndBlockFormatsEqualGgufsReference) {
   const std::vector<float> x = Floats(kDir + "values.f32");
   ASSERT_EQ(x.size(), 8u * 256);
-  for (const char* name : {"f16", "bf16", "q8_0", "q4_0"}) {
+  for (const char* name : {"f16", "bf16", "q8_0", "q4_0", "q5_0"}) {
     SCOPED_TRACE(name);
     const GgmlType t = *ParseGgmlType(name);
     const std::vector<uint8_t> want = Bytes(kDir + "quant." + name);

@@ -10,7 +10,7 @@ What it writes (all little-endian):
   - values.f32: 8 rows x 256 fp32 inputs: N(0, 1) rows, a row of zeros and tiny values (fp16-subnormal scales), a row
     with one large outlier per block, a row of values that land exactly on half-way points of Q8_0's grid (k + 0.5
     times the block's scale) and a row of mixed magnitudes.
-  - quant.<type> for F16, BF16, Q8_0 and Q4_0: gguf.quants.quantize(values, type) as bytes (gguf's numpy versions of
+  - quant.<type> for F16, BF16, Q8_0, Q4_0 and Q5_0: gguf.quants.quantize(values, type) as bytes (gguf's numpy versions of
     ggml-quants.c's reference quantizers, bit-exact with them per gguf), and dequant.<type>: gguf.quants.dequantize
     of those bytes as fp32.
   - kvalues.f32: 64 rows x 256 fp32 inputs for the K-quants (see k_inputs), quant.q4_k / quant.q6_k: ggml's C
@@ -115,7 +115,7 @@ def main() -> None:
 
     x = inputs()
     x.tofile(out / "values.f32")
-    for name, qt in (("f16", Q.F16), ("bf16", Q.BF16), ("q8_0", Q.Q8_0), ("q4_0", Q.Q4_0)):
+    for name, qt in (("f16", Q.F16), ("bf16", Q.BF16), ("q8_0", Q.Q8_0), ("q4_0", Q.Q4_0), ("q5_0", Q.Q5_0)):
         q = gguf.quants.quantize(x, qt)
         q.tofile(out / f"quant.{name}")
         gguf.quants.dequantize(q, qt).astype(np.float32).tofile(out / f"dequant.{name}")

@@ -18,6 +18,7 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::kF32, "F32", 1, 4, true},
     {GgmlType::kF16, "F16", 1, 2, true},
     {GgmlType::kQ4_0, "Q4_0", kQK, 2 + kQK / 2, true},
+    {GgmlType::kQ5_0, "Q5_0", kQK, 2 + 4 + kQK / 2, true},
     {GgmlType::kQ8_0, "Q8_0", kQK, 2 + kQK, true},
     {GgmlType::kQ4_K, "Q4_K", kQKK, 2 + 2 + 12 + kQKK / 2, true},
     {GgmlType::kQ6_K, "Q6_K", kQKK, kQKK / 2 + kQKK / 4 + kQKK / 16 + 2, true},
@@ -70,6 +71,48 @@ void QuantizeQ4_0(const float* x, int64_t n, uint8_t* out) {
     };
     for (int64_t j = 0; j < kQK / 2; ++j)
       out[2 + j] = static_cast<uint8_t>(q(x[j]) | (q(x[j + kQK / 2]) << 4));
+  }
+}
+
+// Q5_0: Q4_0's rule at 5 bits. Codes 0..31 (the largest magnitude maps to 0, that is -16); the
+// low nibbles as Q4_0 packs them, bit 4 of value j in bit j of the little-endian word qh.
+void QuantizeQ5_0(const float* x, int64_t n, uint8_t* out) {
+  for (int64_t b = 0; b < n / kQK; ++b, x += kQK, out += 2 + 4 + kQK / 2) {
+    float amax = 0, max = 0;
+    for (int64_t j = 0; j < kQK; ++j)
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    PutHalf(out, d);
+    auto q = [&](float v) {
+      const float t = std::trunc(v * id + 16.5f);
+      return static_cast<uint32_t>(std::clamp(t, 0.0f, 31.0f));
+    };
+    uint32_t qh = 0;
+    for (int64_t j = 0; j < kQK / 2; ++j) {
+      const uint32_t lo = q(x[j]), hi = q(x[j + kQK / 2]);
+      out[6 + j] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+      qh |= ((lo >> 4) & 1u) << j;
+      qh |= ((hi >> 4) & 1u) << (j + kQK / 2);
+    }
+    for (int k = 0; k < 4; ++k) out[2 + k] = static_cast<uint8_t>(qh >> (8 * k));
+  }
+}
+
+void DequantizeQ5_0(const uint8_t* in, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kQK; ++b, in += 2 + 4 + kQK / 2, y += kQK) {
+    const float d = GetHalf(in);
+    uint32_t qh = 0;
+    for (int k = 0; k < 4; ++k) qh |= static_cast<uint32_t>(in[2 + k]) << (8 * k);
+    for (int64_t j = 0; j < kQK / 2; ++j) {
+      const int lo = static_cast<int>((in[6 + j] & 0x0F) | (((qh >> j) & 1u) << 4));
+      const int hi = static_cast<int>((in[6 + j] >> 4) | (((qh >> (j + kQK / 2)) & 1u) << 4));
+      y[j] = static_cast<float>(lo - 16) * d;
+      y[j + kQK / 2] = static_cast<float>(hi - 16) * d;
+    }
   }
 }
 
@@ -424,6 +467,9 @@ bool QuantizeRow(GgmlType t, const float* x, int64_t n, void* out) {
     case GgmlType::kQ4_0:
       QuantizeQ4_0(x, n, o);
       return true;
+    case GgmlType::kQ5_0:
+      QuantizeQ5_0(x, n, o);
+      return true;
     case GgmlType::kQ4_K:
       QuantizeQ4_K(x, n, o);
       return true;
@@ -451,6 +497,9 @@ void DequantizeRow(GgmlType t, const void* in, int64_t n, float* out) {
       return;
     case GgmlType::kQ4_0:
       DequantizeQ4_0(p, n, out);
+      return;
+    case GgmlType::kQ5_0:
+      DequantizeQ5_0(p, n, out);
       return;
     case GgmlType::kQ4_K:
       DequantizeQ4_K(p, n, out);

@@ -17,6 +17,7 @@ enum class GgmlType : uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
+  kQ5_0 = 6,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ6_K = 14,
@@ -43,7 +44,9 @@ size_t GgmlRowBytes(GgmlType t, int64_t n);
 // One row of n fp32 values into `out` (GgmlRowBytes(t, n) bytes), as ggml's reference quantizers
 // do: F32 as is, F16 and BF16 rounded to nearest even (NaN kept quiet), Q8_0 (per 32 values the
 // fp16 scale d = max|x| / 127 and round-half-away(x / d)), Q4_0 (d = the value of largest magnitude
-// / -8, nibbles min(15, trunc(x / d + 8.5)), the block's first half in the low nibbles). Types with
+// / -8, nibbles min(15, trunc(x / d + 8.5)), the block's first half in the low nibbles), Q5_0 (as
+// Q4_0 with d = that value / -16 and 5-bit codes min(31, trunc(x / d + 16.5)), the fifth bits in a
+// 32-bit word), Q4_K and Q6_K (ggml's reference searches, without an importance matrix). Types with
 // quantize == false are refused (false).
 bool QuantizeRow(GgmlType t, const float* x, int64_t n, void* out);
 // The n values of one stored row back to fp32 (every type of GgmlTypeOf, the K-quants included).
