@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,14 +74,18 @@ TEST(GgufExport, TensorNamesAreLlamaCppGemma4s) {
 }
 
 TEST(GgufExport, QuantFlagNamesWhatIsWritten) {
-  EXPECT_EQ(ParseGgufQuant("Q8_0").value(), GgmlType::kQ8_0);
-  EXPECT_EQ(ParseGgufQuant("bf16").value(), GgmlType::kBF16);
-  EXPECT_EQ(ParseGgufQuant("fp16").value(), GgmlType::kF16);
-  EXPECT_EQ(ParseGgufQuant("q4_0").value(), GgmlType::kQ4_0);
-  EXPECT_EQ(ParseGgufQuant("Q6_K").value(), GgmlType::kQ6_K);
-  const Status k = ParseGgufQuant("q4_k_m").status();
+  EXPECT_EQ(ParseGgufQuant("Q8_0").value().type, GgmlType::kQ8_0);
+  EXPECT_EQ(ParseGgufQuant("bf16").value().type, GgmlType::kBF16);
+  EXPECT_EQ(ParseGgufQuant("fp16").value().type, GgmlType::kF16);
+  EXPECT_EQ(ParseGgufQuant("q4_0").value().type, GgmlType::kQ4_0);
+  EXPECT_EQ(ParseGgufQuant("Q6_K").value().type, GgmlType::kQ6_K);
+  EXPECT_FALSE(ParseGgufQuant("q8_0").value().q4_k_m);
+  const GgufQuant km = ParseGgufQuant("Q4_K_M").value();
+  EXPECT_EQ(km.type, GgmlType::kQ4_K);
+  EXPECT_TRUE(km.q4_k_m);
+  const Status k = ParseGgufQuant("q4_k_s").status();
   EXPECT_EQ(k.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(k.message().find("q8_0"), std::string::npos) << k.message();
+  EXPECT_NE(k.message().find("q4_k_m"), std::string::npos) << k.message();
   EXPECT_FALSE(ParseGgufQuant("int3").ok());
 }
 
@@ -298,6 +303,68 @@ TEST(GgufExport, QuantizedFilesStayWithinTheirFormatsBound) {
   fs::remove_all(dir);
 }
 
+// --quant q4_k_m: llama-quantize's Q4_K_M choice per tensor (tools/check_gguf.py compares the
+// bytes with llama-quantize's own file). Its rules, from llama.cpp's src/llama-quant.cpp: the tied
+// token tables take the output's Q6_K (Q8_0 when a row is not whole 256-value blocks); the
+// attention values and feed-forward outputs of the layers use_more_bits picks (the first and last
+// eighth, every third between) Q6_K; per_layer_model_proj is not quantized; the rest Q4_K; a row
+// that is not whole 256-value blocks falls back, Q4_K to Q5_0 and Q6_K to Q8_0.
+TEST(GgufExport, Q4KMFollowsLlamaQuantizesMixture) {
+  const LoadedModel m = PresetModel(LlamaCppTiny());
+  const std::string dir = test::TempDir("gguf_export_q4km");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.weight_type = GgmlType::kQ4_K;
+  o.q4_k_m = true;
+  o.tokenizer_dir = kTokenizer;
+  StatusOr<GgufExportReport> r = ExportGguf(m, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_GT(r->worst_relative_rms_error, 0.0);
+  EXPECT_LT(r->worst_relative_rms_error, 0.15);
+  StatusOr<GgufFile> f = GgufFile::Open(o.output);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(Meta(*f, "general.file_type").i, 15);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  const int64_t layers = m.config.num_hidden_layers;
+  auto more_bits = [](int64_t i, int64_t n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+  };
+  ASSERT_EQ(layers, 6);
+  // Of 6 layers: 6 / 8 = 0 and 7 * 6 / 8 = 5, so layers 2 and 5.
+  EXPECT_FALSE(more_bits(0, 6) || more_bits(1, 6) || more_bits(3, 6) || more_bits(4, 6));
+  EXPECT_TRUE(more_bits(2, 6) && more_bits(5, 6));
+  // KV-shared layers (4 and 5) have no attn_v: the values count 4, and use_more_bits(i, 4) picks
+  // i = 2 and 3. (With under 10 layers the file's name order is the layer order.)
+  const int64_t v_count = layers - m.config.num_kv_shared_layers;
+  ASSERT_EQ(v_count, 4);
+  EXPECT_TRUE(more_bits(2, 4) && more_bits(3, 4) && !more_bits(0, 4) && !more_bits(1, 4));
+  std::map<GgmlType, int> seen;
+  int64_t v_index = 0;
+  for (const GgufTensorInfo& t : f->tensors()) {
+    GgmlType want = GgmlType::kQ4_K;
+    const int64_t layer = t.name.rfind("blk.", 0) == 0 ? std::stoll(t.name.substr(4)) : -1;
+    if (t.ne.size() == 1 || t.name == "per_layer_model_proj.weight") {
+      want = GgmlType::kF32;
+    } else if (t.name == "token_embd.weight" || t.name == "per_layer_token_embd.weight") {
+      want = t.ne[0] % 256 == 0 ? GgmlType::kQ6_K : GgmlType::kQ8_0;
+    } else if (t.name.find("attn_v.weight") != std::string::npos) {
+      if (more_bits(v_index++, v_count)) want = GgmlType::kQ6_K;
+    } else if (t.name.find("ffn_down.weight") != std::string::npos) {
+      if (more_bits(layer, layers)) want = GgmlType::kQ6_K;
+    }
+    if (t.ne.size() > 1 && t.ne[0] % 256 != 0) {
+      if (want == GgmlType::kQ4_K) want = GgmlType::kQ5_0;
+      if (want == GgmlType::kQ6_K) want = GgmlType::kQ8_0;
+    }
+    EXPECT_EQ(t.type, want) << t.name << " is " << GgmlTypeOf(t.type).name;
+    ++seen[t.type];
+  }
+  EXPECT_EQ(v_index, v_count);
+  // The tiny model's rows of 128 and 512/1024 take every branch: Q4_K, Q6_K, Q5_0, Q8_0.
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ8_0})
+    EXPECT_GT(seen[t], 0) << GgmlTypeOf(t).name;
+  fs::remove_all(dir);
+}
+
 // A model that cannot be written (a NaN in it) leaves neither the file nor a temporary behind.
 TEST(GgufExport, BrokenModelLeavesNothingBehind) {
   const Gemma4Config cfg = LlamaCppTiny();
@@ -452,9 +519,25 @@ TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
   // Formats not written yet and layouts llama.cpp cannot run: one line each, no file.
   const test::Ran kq =
       test::RunCommand(kBin + " export --model-id " + model +
-                       " --format gguf --quant q4_k_m --output " + dir + "/k.gguf");
+                       " --format gguf --quant q5_k_m --output " + dir + "/k.gguf");
   EXPECT_EQ(kq.code, 2) << kq.out;
-  EXPECT_NE(kq.out.find("use q6_k, q8_0 or q4_0"), std::string::npos) << kq.out;
+  EXPECT_NE(kq.out.find("use q4_k_m, q6_k, q8_0 or q4_0"), std::string::npos) << kq.out;
+  // Each format's options are refused with the other rather than ignored.
+  const test::Ran hf_quant = test::RunCommand(kBin + " export --model-id " + model + " --adapter " +
+                                              model + " --quant q8_0 --output " + dir + "/k.gguf");
+  EXPECT_EQ(hf_quant.code, 2) << hf_quant.out;
+  EXPECT_NE(hf_quant.out.find("are for --format gguf"), std::string::npos) << hf_quant.out;
+  const test::Ran gguf_shard =
+      test::RunCommand(kBin + " export --model-id " + model +
+                       " --format gguf --max-shard-size 1GB --output " + dir + "/k.gguf");
+  EXPECT_EQ(gguf_shard.code, 2) << gguf_shard.out;
+  EXPECT_NE(gguf_shard.out.find("are for --format hf"), std::string::npos) << gguf_shard.out;
+  // The mixture is for a whole model, not an adapter.
+  const test::Ran lora_km =
+      test::RunCommand(kBin + " export --model-id " + model + " --adapter " + model +
+                       " --format gguf-lora --quant q4_k_m --output " + dir + "/k.gguf");
+  EXPECT_EQ(lora_km.code, 2) << lora_km.out;
+  EXPECT_NE(lora_km.out.find("one type"), std::string::npos) << lora_km.out;
   const test::Ran small = test::RunCommand(kBin + " export --model-id gemma4-small --format gguf " +
                                            "--output " + dir + "/s.gguf");
   EXPECT_EQ(small.code, 2) << small.out;

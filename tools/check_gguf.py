@@ -15,7 +15,9 @@ What it does:
      layers read layer first_shared - 1 (full) and - 2 (sliding), as in E2B; see CheckLlamaCppKvSharing), and the
      bundled tokenizer (data/tokenizer) with vocab_size equal to its token count, then trained for 150 steps with
      `slicetrain finetune` on the bundled data (the checkpoint is what is exported).
-  2. `slicetrain export --format gguf --quant Q` for f32, bf16, f16, q8_0 and q4_0.
+  2. `slicetrain export --format gguf --quant Q` for f32, bf16, f16, q8_0, q6_k, q4_k_m and q4_0; the q4_k_m file must
+     equal, tensor for tensor and byte for byte, what llama.cpp's llama-quantize (Q4_K_M, no importance matrix) makes
+     of our f32 file.
   3. llama.cpp's converter on the same directory for f32, bf16, f16 and q8_0 (when the model's vocab_size equals its
      tokenizer's size; see the note printed otherwise): every metadata key and value
      (general.name, size_label and the like aside: the converter derives them from the directory's name), every tensor
@@ -164,6 +166,36 @@ def compare_with_converter(ours: Path, ref: Path, gguf_mod, special_added: set) 
     return control_not_normal
 
 
+def compare_with_quantize(ours: Path, ref: Path, gguf_mod) -> dict:
+    """Asserts that our q4_k_m file equals llama-quantize's Q4_K_M of our f32 file: every metadata value, every tensor's
+    type, shape and bytes (llama-quantize orders the tensors by layer, we by name; compared by name). Returns the
+    tensor count per type."""
+    m1, t1 = read_gguf(ours, gguf_mod)
+    m2, t2 = read_gguf(ref, gguf_mod)
+    assert sorted(m1) == sorted(m2), f"metadata keys differ:\n ours {sorted(m1)}\n ref  {sorted(m2)}"
+    for k in m1:
+        assert m1[k] == m2[k], f"metadata {k} differs: ours {str(m1[k])[:300]} ref {str(m2[k])[:300]}"
+    by_name = {t[0]: t for t in t2}
+    assert sorted(by_name) == sorted(t[0] for t in t1), "tensor names differ"
+    types = {}
+    for t in t1:
+        r = by_name[t[0]]
+        assert t[1:3] == r[1:3], f"tensor {t[0]}: ours {t[1:3]}, llama-quantize {r[1:3]}"
+        assert t[3] == r[3], f"tensor {t[0]} ({t[1]}) bytes differ from llama-quantize's"
+        types[t[1]] = types.get(t[1], 0) + 1
+    return types
+
+
+def llama_quantize(src: Path, dst: Path, ftype: int) -> None:
+    """llama.cpp's llama-quantize (llama_model_quantize through llama-cpp-python's bindings), no importance matrix."""
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    assert rc == 0, f"llama_model_quantize failed ({rc})"
+
+
 def AutoTokenizerFor(model_dir: Path):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(model_dir)
@@ -276,7 +308,7 @@ def main() -> None:
 
     # 2. Our files.
     ours = {}
-    for q in ("f32", "bf16", "f16", "q8_0", "q6_k", "q4_0"):
+    for q in ("f32", "bf16", "f16", "q8_0", "q6_k", "q4_k_m", "q4_0"):
         path = work / f"out/ours_{q}.gguf"
         r = subprocess.run([args.bin, "export", "--model-id", str(model_dir), "--format", "gguf", "--quant", q,
                             "--output", str(path)], capture_output=True, text=True)
@@ -305,6 +337,12 @@ def main() -> None:
         n = compare_with_converter(ours[q], ref, gguf_src, special_added)
         print(f"converter {q}: metadata and every tensor byte equal llama.cpp's convert_hf_to_gguf.py "
               f"(but {n} added special tokens typed CONTROL, not NORMAL)")
+
+    # llama-quantize's Q4_K_M (LLAMA_FTYPE_MOSTLY_Q4_K_M = 15) of our f32 file.
+    ref = work / "out/ref_q4_k_m.gguf"
+    llama_quantize(ours["f32"], ref, 15)
+    types = compare_with_quantize(ours["q4_k_m"], ref, gguf_src)
+    print(f"llama-quantize q4_k_m: metadata and every tensor byte equal ours ({types})")
 
     # 4. llama.cpp runs our files.
     import torch

@@ -20,8 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ExportArgs {
-  std::string model_id, adapter, output, save_dtype, max_shard_size = "5GB";
-  std::string format = "hf", quant = "bf16", tokenizer, data_dir, name;
+  // Empty means not given: each format refuses the other's options rather than ignore them.
+  std::string model_id, adapter, output, save_dtype, max_shard_size;
+  std::string format = "hf", quant, tokenizer, data_dir, name;
   bool ollama = false;
 };
 
@@ -48,7 +49,14 @@ Status RunGguf(const ExportArgs& a) {
     return InvalidArgument(
         "--ollama writes a Modelfile for a model: use it with --format gguf "
         "(Ollama takes an adapter through ADAPTER in the base's Modelfile)");
-  ST_ASSIGN_OR_RETURN(const GgmlType type, ParseGgufQuant(a.quant));
+  if (!a.save_dtype.empty() || !a.max_shard_size.empty())
+    return InvalidArgument(StrCat("--save-dtype and --max-shard-size are for --format hf; a ",
+                                  a.format, " file's format is --quant"));
+  ST_ASSIGN_OR_RETURN(const GgufQuant quant, ParseGgufQuant(a.quant.empty() ? "bf16" : a.quant));
+  if (lora && quant.q4_k_m)
+    return InvalidArgument(
+        "--quant q4_k_m is llama-quantize's mixture for a whole model; give a LoRA GGUF one "
+        "type (bf16, the default, or f32, f16, q8_0)");
   std::error_code ec;
   if (fs::exists(a.output, ec))
     return InvalidArgument(
@@ -68,7 +76,8 @@ Status RunGguf(const ExportArgs& a) {
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
   GgufExportOptions o;
   o.output = a.output;
-  o.weight_type = type;
+  o.weight_type = quant.type;
+  o.q4_k_m = quant.q4_k_m;
   const bool is_dir = fs::is_directory(model_id, ec);
   if (!lora) {
     ST_ASSIGN_OR_RETURN(o.tokenizer_dir, GgufTokenizerDir(a, is_dir ? model_id : ""));
@@ -143,7 +152,12 @@ Status Run(const ExportArgs& a) {
     return InvalidArgument(
         "--format hf merges an adapter: give --adapter (a model without one is "
         "a Hugging Face directory already)");
-  ST_ASSIGN_OR_RETURN(const uint64_t max_shard, ParseByteSize(a.max_shard_size));
+  if (!a.quant.empty() || !a.tokenizer.empty() || !a.name.empty() || a.ollama)
+    return InvalidArgument(
+        "--quant, --tokenizer, --name and --ollama are for --format gguf; --format hf writes the "
+        "merged tensors in --save-dtype");
+  ST_ASSIGN_OR_RETURN(const uint64_t max_shard,
+                      ParseByteSize(a.max_shard_size.empty() ? "5GB" : a.max_shard_size));
   std::error_code ec;
   if (fs::exists(a.output, ec) && !fs::is_empty(a.output, ec))
     return InvalidArgument(
@@ -197,9 +211,10 @@ void RegisterExportCommand(CLI::App& app, Context& ctx) {
                   "hf: a Hugging Face model directory; gguf: one GGUF file for llama.cpp, Ollama "
                   "and LM Studio; gguf-lora: --adapter alone as a llama.cpp LoRA GGUF")
       ->capture_default_str();
-  cmd->add_option("--quant", a->quant,
-                  "GGUF: the matrices' format: f32, f16, bf16, q8_0, q6_k or q4_0 (norms stay f32)")
-      ->capture_default_str();
+  cmd->add_option(
+      "--quant", a->quant,
+      "GGUF: the matrices' format: f32, f16, bf16, q8_0, q6_k, q4_k_m (llama-quantize's "
+      "mixture) or q4_0 (norms stay f32; default bf16)");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "GGUF: tokenizer.json / directory (default: the adapter's, the model's, else "
                   "the bundled one)");
@@ -212,9 +227,10 @@ void RegisterExportCommand(CLI::App& app, Context& ctx) {
                   "Bundled data directory (for a preset's tokenizer; default: found as finetune "
                   "finds it)");
   cmd->add_option("--save-dtype", a->save_dtype,
-                  "dtype of the merged tensors: bf16, fp16 or fp32 (default: the base's)");
-  cmd->add_option("--max-shard-size", a->max_shard_size, "Largest weight file")
-      ->capture_default_str();
+                  "--format hf: dtype of the merged tensors: bf16, fp16 or fp32 (default: the "
+                  "base's)");
+  cmd->add_option("--max-shard-size", a->max_shard_size,
+                  "--format hf: largest weight file (default 5GB)");
   cmd->callback([&ctx, a] {
     Status st = Run(*a);
     if (!st.ok()) ctx.exit_code = ReportError("export", st);

@@ -53,15 +53,24 @@ std::string GgufTensorName(const std::string& registry_name);
 // layout); otherwise one line saying which layer llama.cpp would get wrong.
 Status CheckLlamaCppKvSharing(const Gemma4Config& cfg);
 
-// --quant: f32, f16, bf16, q8_0 or q4_0 (the K-quants are refused with what to use instead).
-StatusOr<GgmlType> ParseGgufQuant(const std::string& name);
+// What --quant asks for: one type for every matrix, or llama-quantize's Q4_K_M mixture.
+struct GgufQuant {
+  GgmlType type = GgmlType::kBF16;  // the matrices' type (the mixture's main one: Q4_K)
+  bool q4_k_m = false;              // per tensor as llama-quantize's Q4_K_M (docs/gguf.md)
+};
+
+// --quant: f32, f16, bf16, q8_0, q6_k, q4_0 or q4_k_m (the other K-quant mixtures are refused
+// with what to use instead).
+StatusOr<GgufQuant> ParseGgufQuant(const std::string& name);
 
 struct GgufExportOptions {
   std::string output;                      // the .gguf file (must not exist)
   GgmlType weight_type = GgmlType::kBF16;  // of the matrices; vectors stay F32
-  std::string tokenizer_dir;               // tokenizer.json's directory
-  std::string name;                        // general.name
-  bool progress = true;                    // a line on stderr every 10 s
+  // llama-quantize's Q4_K_M choice per matrix instead (weight_type must be Q4_K; not for LoRA).
+  bool q4_k_m = false;
+  std::string tokenizer_dir;  // tokenizer.json's directory
+  std::string name;           // general.name
+  bool progress = true;       // a line on stderr every 10 s
 };
 
 struct GgufExportReport {
