@@ -20,6 +20,7 @@
 #include "core/rng.h"
 #include "e2b_width.h"
 #include "io/model_loader.h"
+#include "kernels/cpu/quant.h"
 #include "model/decode.h"
 #include "model/gemma4.h"
 #include "model/lora.h"
@@ -59,7 +60,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // A prompt fed in chunks of 5, then one token at a time past a sliding window of 8 (rings of
 // 8 + 5 slots): every step's logits equal the engine's over the whole sequence. With LoRA the
 // decoder runs the merged weights and the engine the adapters beside the base.
-void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32) {
+void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32, bool q8_0 = false) {
   StatusOr<Gemma4Config> pc = PresetConfig("gemma4-tiny");
   ASSERT_TRUE(pc.ok());
   Gemma4Config c = *pc;
@@ -90,8 +91,29 @@ void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32) {
           float& v = params[static_cast<size_t>(reg.layout.entry(e).offset + j)];
           v = BF16ToFloat(FloatToBF16(v));
         }
-  const ArenaWeights source(reg, params.data());
-  const DecodeWeights weights(reg, source, storage);
+  std::vector<float> held = params;  // what the decoder is given; params: what it holds
+  if (q8_0)                          // the engine then sees the values of the decoder's Q8_0 blocks
+    for (int e = 0; e < reg.layout.size(); ++e) {
+      const ArenaEntry& a = reg.layout.entry(e);
+      if (a.shape.size() != 2 || e == reg.embed_tokens_per_layer) continue;
+      std::vector<uint8_t> blocks(GgmlRowBytes(GgmlType::kQ8_0, a.shape[1]));
+      for (int64_t r = 0; r < a.shape[0]; ++r) {
+        float* row = params.data() + a.offset + r * a.shape[1];
+        ASSERT_TRUE(QuantizeRow(GgmlType::kQ8_0, row, a.shape[1], blocks.data()));
+        DequantizeRow(GgmlType::kQ8_0, blocks.data(), a.shape[1], row);
+      }
+    }
+  const ArenaWeights source(reg, held.data());
+  const DecodeWeights weights = q8_0 ? DecodeWeights(reg, source, DecodeWeights::Q8_0Storage{})
+                                     : DecodeWeights(reg, source, storage);
+  if (q8_0) {
+    EXPECT_TRUE(weights.quantized());
+    EXPECT_NE(weights.q8(reg.layers[0].q_proj), nullptr);
+    EXPECT_EQ(weights.f32(reg.layers[0].q_proj), nullptr);
+    EXPECT_NE(weights.f32(reg.layers[0].input_layernorm), nullptr);  // vectors stay fp32
+    const double bytes = DecodeWeights::Bytes(reg, DecodeWeights::Q8_0Storage{});
+    EXPECT_NEAR(static_cast<double>(weights.ResidentBytes()), bytes, 1e-3 * bytes);  // padding
+  }
   Gemma4Decoder dec(c, reg, weights, 40, 5);
   std::vector<int32_t> ids;
   for (int i = 0; i < 13; ++i) ids.push_back(static_cast<int32_t>(3 + rng.Below(c.vocab_size - 3)));
@@ -132,6 +154,12 @@ TEST(Decode, MergedLoraEqualsTheAdaptedEngine) {
 // bf16-held matrices (DecodeWeights' bf16 storage) against the engine on the same values.
 TEST(Decode, Bf16HeldWeightsEqualTheEngineOnTheSameValues) {
   CheckCacheAgainstRecompute(false, DType::kBF16);
+}
+// Q8_0-held matrices (generate --weights-dtype q8_0): the decoder quantizes what it is given; the
+// engine, run on the dequantized values, gives its logits (the embedding lookup, the tied head
+// and every layer's product read the blocks).
+TEST(Decode, Q8_0HeldWeightsEqualTheEngineOnTheirValues) {
+  CheckCacheAgainstRecompute(false, DType::kF32, true);
 }
 
 // A batch decoder (model/decode.h's batch > 1): five sequences, two of them forked from a
@@ -477,6 +505,13 @@ TEST(GenerateCli, StreamedTextEqualsTheJsonAndTheUncachedRun) {
   const test::Ran slow = test::RunCommand(base + "--json --no-kv-cache");
   ASSERT_EQ(slow.code, 0) << slow.out;
   EXPECT_EQ(nlohmann::json::parse(slow.out)["token_ids"], j["token_ids"]);
+  // Q8_0-held weights decode the same prompt (Decode.Q8_0HeldWeights... checks their logits).
+  const test::Ran q8 = test::RunCommand(base + "--json --weights-dtype q8_0");
+  ASSERT_EQ(q8.code, 0) << q8.out;
+  const nlohmann::json jq = nlohmann::json::parse(q8.out, nullptr, false);
+  ASSERT_TRUE(jq.is_object()) << q8.out;
+  EXPECT_EQ(jq["prompt_tokens"], j["prompt_tokens"]);
+  EXPECT_GT(jq["new_tokens"].get<int>(), 0);
   // The same prompt from a file, beside a JSON line.
   const std::string dir = test::TempDir("prompts");
   {
@@ -520,6 +555,7 @@ TEST(GenerateCli, BadInputIsOneLineAndANonZeroExit) {
            {"--prompt-ids 2,99999999", "vocabulary"},
            {"--prompt-ids 2,x", "--prompt-ids"},
            {"--prompt hi --max-seq-len 8", "--max-seq-len"},
+           {"--prompt hi --weights-dtype q4_0", "--weights-dtype"},
            {"--prompts /nonexistent/prompts.txt", "prompts.txt"}}) {
     SCOPED_TRACE(flags);
     const test::Ran r = test::RunCommand(base + flags);

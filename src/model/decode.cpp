@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "kernels/cpu/quant.h"
 #include "model/lora.h"
 
 namespace st {
@@ -30,6 +31,80 @@ double DecodeWeights::Bytes(const ParamRegistry& reg, DType storage) {
          (storage == DType::kBF16 && a.shape.size() == 2 ? sizeof(uint16_t) : sizeof(float));
   }
   return n;
+}
+
+double DecodeWeights::Bytes(const ParamRegistry& reg, Q8_0Storage) {
+  double n = 0;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    if (IsRowsOnly(reg, e)) continue;
+    const ArenaEntry& a = reg.layout.entry(e);
+    n += a.shape.size() == 2 ? static_cast<double>(GgmlRowBytes(GgmlType::kQ8_0, a.shape[1])) *
+                                   static_cast<double>(a.shape[0])
+                             : static_cast<double>(a.numel) * sizeof(float);
+  }
+  return n;
+}
+
+DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source, Q8_0Storage)
+    : storage_(DType::kF32) {
+  const size_t entries = static_cast<size_t>(reg.layout.size());
+  std::vector<int64_t> offset(entries, -1), block_offset(entries, -1);
+  int64_t total = 0, bytes = 0;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    if (IsRowsOnly(reg, e)) continue;
+    const ArenaEntry& a = reg.layout.entry(e);
+    if (a.shape.size() == 2) {
+      ST_CHECK(a.shape[1] % 32 == 0)
+          << a.name << ": rows of " << a.shape[1] << " values are not whole Q8_0 blocks";
+      block_offset[static_cast<size_t>(e)] = bytes;
+      bytes += static_cast<int64_t>(GgmlRowBytes(GgmlType::kQ8_0, a.shape[1])) * a.shape[0];
+    } else {
+      offset[static_cast<size_t>(e)] = total;
+      total += (a.numel + 15) / 16 * 16;
+    }
+  }
+  buffer_ = AlignedBuffer(std::max<int64_t>(total, 1));
+  blocks_.resize(static_cast<size_t>(bytes));
+  f32_.assign(entries, nullptr);
+  bf16_.assign(entries, nullptr);
+  q8_.assign(entries, nullptr);
+  rows_.assign(entries, nullptr);
+  // A matrix goes through fp32 in chunks of whole rows, or whole when an adapter is merged into it.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<float> tmp;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    const size_t i = static_cast<size_t>(e);
+    if (IsRowsOnly(reg, e)) {
+      rows_[i] = &source;
+      continue;
+    }
+    const ArenaEntry& a = reg.layout.entry(e);
+    if (offset[i] >= 0) {
+      f32_[i] = buffer_.data() + offset[i];
+      source.ReadAll(e, buffer_.data() + offset[i]);
+      source.Release(e);
+      continue;
+    }
+    const int64_t rows = a.shape[0], cols = a.shape[1];
+    const size_t row_bytes = GgmlRowBytes(GgmlType::kQ8_0, cols);
+    uint8_t* dst = blocks_.data() + block_offset[i];
+    const bool merge = reg.lora_a[i] >= 0;
+    const int64_t chunk_rows = merge ? rows : std::max<int64_t>(1, kChunk / cols);
+    tmp.resize(static_cast<size_t>(std::min(rows, chunk_rows) * cols));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - r0);
+      if (merge)
+        MergeLora(reg, source, e, tmp.data());
+      else
+        source.Read(e, r0 * cols, n * cols, tmp.data());
+#pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
+      for (int64_t r = 0; r < n; ++r)
+        QuantizeRow(GgmlType::kQ8_0, tmp.data() + r * cols, cols,
+                    dst + static_cast<size_t>(r0 + r) * row_bytes);
+    }
+    q8_[i] = dst;
+    source.Release(e);
+  }
 }
 
 DType DecodeWeights::DefaultStorage(const ParamRegistry& reg, const WeightSource& source) {
@@ -288,6 +363,13 @@ void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_
   const float sd = std::sqrt(static_cast<float>(d));
   if (const float* e = w_.f32(reg_.embed_tokens)) {
     cpu::EmbeddingForward(ids, e, x_.data(), n, d, sd);
+  } else if (const uint8_t* q = w_.q8(reg_.embed_tokens)) {
+    const size_t row_bytes = GgmlRowBytes(GgmlType::kQ8_0, d);
+    for (int64_t t = 0; t < n; ++t) {
+      float* row = x_.data() + t * d;
+      DequantizeRow(GgmlType::kQ8_0, q + static_cast<size_t>(ids[t]) * row_bytes, d, row);
+      for (int64_t c = 0; c < d; ++c) row[c] *= sd;
+    }
   } else {
     const uint16_t* e16 = w_.bf16(reg_.embed_tokens);
     for (int64_t t = 0; t < n; ++t)
@@ -418,6 +500,11 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
 
 void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
                            float alpha) {
+  if (const uint8_t* q = w_.q8(e)) {  // each weight row read once for every row of x
+    cpu::LinearForwardQ8_0(x, q, y, n, in, out);
+    if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
+    return;
+  }
   if (n > 1 && n <= cpu::kFewRows && (w_.f32(e) || !w_.rows(e))) {
     // A batched step (or a short chunk): each weight row read once for the n rows.
     if (const float* w = w_.f32(e))

@@ -41,11 +41,16 @@ namespace st {
 // Matrices are kept in fp32 or in bf16 (`storage`): decoding one token reads every matrix once,
 // so bf16 halves the bytes and about doubles the speed. A bf16 checkpoint's values are exactly
 // representable, so bf16 storage then changes nothing (arithmetic stays fp32); vectors (norms,
-// layer scalars) stay fp32.
+// layer scalars) stay fp32. Q8_0 storage (`Q8_0Storage`, `generate --weights-dtype q8_0`) holds
+// each matrix as ggml's Q8_0 blocks (kernels/cpu/quant.h: 34 bytes per 32 weights, 1.9x fewer than
+// bf16), quantized here from the source's values (adapters merged first); its products
+// (cpu::LinearForwardQ8_0) widen the int8 weights in registers, so activations stay fp32.
 class DecodeWeights {
  public:
+  struct Q8_0Storage {};
   // reg: the model's registry (adapters included, if any); source: its weights.
   DecodeWeights(const ParamRegistry& reg, const WeightSource& source, DType storage = DType::kF32);
+  DecodeWeights(const ParamRegistry& reg, const WeightSource& source, Q8_0Storage);
   // The storage `generate` picks: bf16 when the source stores bf16 and no adapter is merged (its
   // small update would be rounded away), else fp32.
   static DType DefaultStorage(const ParamRegistry& reg, const WeightSource& source);
@@ -53,14 +58,19 @@ class DecodeWeights {
   const float* f32(int e) const { return f32_[static_cast<size_t>(e)]; }
   // Matrix e in bf16 (bf16 storage), else null.
   const uint16_t* bf16(int e) const { return bf16_[static_cast<size_t>(e)]; }
+  // Matrix e as Q8_0 blocks, row after row (Q8_0 storage), else null.
+  const uint8_t* q8(int e) const { return q8_.empty() ? nullptr : q8_[static_cast<size_t>(e)]; }
+  bool quantized() const { return !q8_.empty(); }
   // Where the rows of a lookup-only table come from (the per-layer embeddings), else null.
   const WeightSource* rows(int e) const { return rows_[static_cast<size_t>(e)]; }
   DType storage() const { return storage_; }
   size_t ResidentBytes() const {
-    return static_cast<size_t>(buffer_.size()) * sizeof(float) + half_.size() * sizeof(uint16_t);
+    return static_cast<size_t>(buffer_.size()) * sizeof(float) + half_.size() * sizeof(uint16_t) +
+           blocks_.size();
   }
   // The bytes the constructor will hold for this registry (for a check before loading).
   static double Bytes(const ParamRegistry& reg, DType storage = DType::kF32);
+  static double Bytes(const ParamRegistry& reg, Q8_0Storage);
 
  private:
   DType storage_;
@@ -68,6 +78,8 @@ class DecodeWeights {
   std::vector<uint16_t> half_;
   std::vector<const float*> f32_;
   std::vector<const uint16_t*> bf16_;
+  std::vector<uint8_t> blocks_;
+  std::vector<const uint8_t*> q8_;
   std::vector<const WeightSource*> rows_;
 };
 

@@ -90,9 +90,10 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     const std::string& model_id, const std::string& adapter, const std::string& tokenizer,
     const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed,
     const std::string& weights_dtype) {
-  if (weights_dtype != "auto" && weights_dtype != "fp32" && weights_dtype != "bf16")
-    return InvalidArgument("--weights-dtype must be auto, fp32 or bf16, got '" + weights_dtype +
-                           "'");
+  if (weights_dtype != "auto" && weights_dtype != "fp32" && weights_dtype != "bf16" &&
+      weights_dtype != "q8_0")
+    return InvalidArgument("--weights-dtype must be auto, fp32, bf16 or q8_0, got '" +
+                           weights_dtype + "'");
   auto g = std::make_unique<TextGenerator>();
   ST_ASSIGN_OR_RETURN(g->model, LoadModelWithAdapter(model_id, adapter, preset_seed));
   const Gemma4Config& cfg = g->model.config;
@@ -105,16 +106,26 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
                         : weights_dtype == "bf16"
                             ? DType::kBF16
                             : DecodeWeights::DefaultStorage(g->model.registry, *g->model.weights);
-  const double need =
-      DecodeWeights::Bytes(g->model.registry, storage) + Gemma4Decoder::Bytes(cfg, capacity);
+  const bool q8 = weights_dtype == "q8_0";
+  if (q8)
+    for (int e = 0; e < g->model.registry.base_entries; ++e) {
+      const ArenaEntry& a = g->model.registry.layout.entry(e);
+      if (a.shape.size() == 2 && e != g->model.registry.embed_tokens_per_layer &&
+          a.shape[1] % 32 != 0)
+        return InvalidArgument(StrCat("--weights-dtype q8_0: ", a.name, " has rows of ", a.shape[1],
+                                      " values, not whole 32-value blocks; use bf16 or fp32"));
+    }
+  const double need = (q8 ? DecodeWeights::Bytes(g->model.registry, DecodeWeights::Q8_0Storage{})
+                          : DecodeWeights::Bytes(g->model.registry, storage)) +
+                      Gemma4Decoder::Bytes(cfg, capacity);
   const double have =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > 0.9 * have)
-    return ResourceExhausted(
-        StrCat("generating needs about ", static_cast<int64_t>(need / (1 << 20)),
-               " MiB (the weights in ", DTypeName(storage), " and the cache for ", capacity,
-               " tokens), more than ", "this machine's ", static_cast<int64_t>(have / (1 << 20)),
-               " MiB; lower --max-seq-len or use a machine with more memory"));
+    return ResourceExhausted(StrCat(
+        "generating needs about ", static_cast<int64_t>(need / (1 << 20)), " MiB (the weights in ",
+        q8 ? "q8_0" : DTypeName(storage), " and the cache for ", capacity, " tokens), more than ",
+        "this machine's ", static_cast<int64_t>(have / (1 << 20)),
+        " MiB; lower --max-seq-len or use a machine with more memory"));
   std::error_code ec;
   g->tokenizer_dir = !tokenizer.empty() ? tokenizer
                      : std::filesystem::is_directory(model_id, ec) &&
@@ -142,7 +153,9 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     add_stop(*t);
     g->end_of_turn = *t;
   }
-  g->weights = std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, storage);
+  g->weights = q8 ? std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights,
+                                                    DecodeWeights::Q8_0Storage{})
+                  : std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, storage);
   return g;
 }
 
