@@ -516,34 +516,21 @@ TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
   EXPECT_EQ(again.code, 2) << again.out;
   EXPECT_NE(again.out.find("exists"), std::string::npos) << again.out;
   EXPECT_TRUE(GgufFile::Open(out).ok());
-  // Formats not written yet and layouts llama.cpp cannot run: one line each, no file.
-  const test::Ran kq =
-      test::RunCommand(kBin + " export --model-id " + model +
-                       " --format gguf --quant q5_k_m --output " + dir + "/k.gguf");
-  EXPECT_EQ(kq.code, 2) << kq.out;
-  EXPECT_NE(kq.out.find("use q4_k_m, q6_k, q8_0 or q4_0"), std::string::npos) << kq.out;
-  // Each format's options are refused with the other rather than ignored.
-  const test::Ran hf_quant = test::RunCommand(kBin + " export --model-id " + model + " --adapter " +
-                                              model + " --quant q8_0 --output " + dir + "/k.gguf");
-  EXPECT_EQ(hf_quant.code, 2) << hf_quant.out;
-  EXPECT_NE(hf_quant.out.find("are for --format gguf"), std::string::npos) << hf_quant.out;
-  const test::Ran gguf_shard =
-      test::RunCommand(kBin + " export --model-id " + model +
-                       " --format gguf --max-shard-size 1GB --output " + dir + "/k.gguf");
-  EXPECT_EQ(gguf_shard.code, 2) << gguf_shard.out;
-  EXPECT_NE(gguf_shard.out.find("are for --format hf"), std::string::npos) << gguf_shard.out;
-  // The mixture is for a whole model, not an adapter.
-  const test::Ran lora_km =
-      test::RunCommand(kBin + " export --model-id " + model + " --adapter " + model +
-                       " --format gguf-lora --quant q4_k_m --output " + dir + "/k.gguf");
-  EXPECT_EQ(lora_km.code, 2) << lora_km.out;
-  EXPECT_NE(lora_km.out.find("one type"), std::string::npos) << lora_km.out;
-  const test::Ran small = test::RunCommand(kBin + " export --model-id gemma4-small --format gguf " +
-                                           "--output " + dir + "/s.gguf");
-  EXPECT_EQ(small.code, 2) << small.out;
-  EXPECT_NE(small.out.find("llama.cpp cannot run this model"), std::string::npos) << small.out;
-  EXPECT_FALSE(fs::exists(dir + "/k.gguf"));
-  EXPECT_FALSE(fs::exists(dir + "/s.gguf"));
+  // One error line each, and no file: a mixture not written, an option of the other format
+  // (refused rather than ignored), the mixture for an adapter, a layout llama.cpp cannot run.
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {model + " --format gguf --quant q5_k_m", "use q4_k_m, q6_k, q8_0 or q4_0"},
+           {model + " --adapter " + model + " --quant q8_0", "are for --format gguf"},
+           {model + " --format gguf --max-shard-size 1GB", "are for --format hf"},
+           {model + " --adapter " + model + " --format gguf-lora --quant q4_k_m", "one type"},
+           {"gemma4-small --format gguf", "llama.cpp cannot run this model"}}) {
+    SCOPED_TRACE(flags);
+    const test::Ran r =
+        test::RunCommand(kBin + " export --model-id " + flags + " --output " + dir + "/k.gguf");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir + "/k.gguf"));
+  }
   // A preset exports with the bundled tokenizer.
   const test::Ran preset = test::RunCommand(kBin + " export --model-id gemma4-tiny --format gguf " +
                                             "--quant f16 --output " + dir + "/t.gguf");

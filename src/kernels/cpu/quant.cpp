@@ -53,16 +53,21 @@ void QuantizeQ8_0(const float* x, int64_t n, uint8_t* out) {
   }
 }
 
+// The value of a 32-value block with the largest magnitude, its sign kept (the first of equals).
+float LargestMagnitude(const float* x) {
+  float amax = 0, max = 0;
+  for (int64_t j = 0; j < kQK; ++j)
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  return max;
+}
+
 void QuantizeQ4_0(const float* x, int64_t n, uint8_t* out) {
   for (int64_t b = 0; b < n / kQK; ++b, x += kQK, out += 2 + kQK / 2) {
     // The value of largest magnitude keeps its sign: it maps to -8 exactly.
-    float amax = 0, max = 0;
-    for (int64_t j = 0; j < kQK; ++j)
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    const float d = max / -8.0f;
+    const float d = LargestMagnitude(x) / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     PutHalf(out, d);
     auto q = [&](float v) {
@@ -78,13 +83,7 @@ void QuantizeQ4_0(const float* x, int64_t n, uint8_t* out) {
 // low nibbles as Q4_0 packs them, bit 4 of value j in bit j of the little-endian word qh.
 void QuantizeQ5_0(const float* x, int64_t n, uint8_t* out) {
   for (int64_t b = 0; b < n / kQK; ++b, x += kQK, out += 2 + 4 + kQK / 2) {
-    float amax = 0, max = 0;
-    for (int64_t j = 0; j < kQK; ++j)
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    const float d = max / -16.0f;
+    const float d = LargestMagnitude(x) / -16.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     PutHalf(out, d);
     auto q = [&](float v) {
