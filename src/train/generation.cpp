@@ -124,8 +124,9 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     return ResourceExhausted(StrCat(
         "generating needs about ", static_cast<int64_t>(need / (1 << 20)), " MiB (the weights in ",
         q8 ? "q8_0" : DTypeName(storage), " and the cache for ", capacity, " tokens), more than ",
-        "this machine's ", static_cast<int64_t>(have / (1 << 20)),
-        " MiB; lower --max-seq-len or use a machine with more memory"));
+        "this machine's ", static_cast<int64_t>(have / (1 << 20)), " MiB; lower --max-seq-len",
+        q8 ? "" : ", hold the weights in 8 bits (--weights-dtype q8_0)",
+        " or use a machine with more memory"));
   std::error_code ec;
   g->tokenizer_dir = !tokenizer.empty() ? tokenizer
                      : std::filesystem::is_directory(model_id, ec) &&
