@@ -25,8 +25,9 @@ What it does:
   4. llama-cpp-python loads each of our files; its tokenizer gives transformers' ids on a set of texts (special
      tokens included); its logits on a prompt match transformers' fp32 logits (relative L2 error, asserted for f32
      (1e-4) and bf16 (2e-2)); its greedy continuation (32 tokens from 6 prompts, ending at eos or <turn|>) agrees
-     with transformers' and with `slicetrain generate` (fp32 model) token for token; q8_0's and q4_0's agreement with
-     bf16 is printed.
+     with transformers' and with `slicetrain generate` (fp32 model) token for token; the other formats' agreement with
+     bf16 is printed, and so are q4_k_m's agreement with `slicetrain generate` and that of `slicetrain generate
+     --weights-dtype q8_0` with its fp32 tokens and with llama.cpp's q8_0 file.
   5. LoRA (`--format gguf-lora`): a rank-8 adapter on every Linear layer but per_layer_model_projection trained here for 40 steps (or --adapter): our f32, bf16
      and q8_0 adapter files equal llama.cpp's convert_lora_to_gguf.py's; llama.cpp with the f32 base and our adapter,
      and llama.cpp with our merged export (`--format gguf --adapter`), match transformers with PEFT (logits within
@@ -408,6 +409,17 @@ def main() -> None:
     agree_f32_st = agreement(greedy["f32"], st_tokens)
     print(f"llama.cpp f32 greedy vs slicetrain generate: {100 * agree_f32_st:.1f} % of tokens agree")
     assert agree_f32_st == 1.0, "llama.cpp's f32 greedy tokens differ from slicetrain's"
+    print(f"llama.cpp q4_k_m greedy vs slicetrain generate (fp32): "
+          f"{100 * agreement(greedy['q4_k_m'], st_tokens):.1f} % of tokens agree")
+    # slicetrain's own 8-bit decoding (generate --weights-dtype q8_0, quantized on load).
+    st_q8 = []
+    for ids in prompt_ids:
+        r = subprocess.run([args.bin, "generate", "--model-id", str(model_dir), "--weights-dtype", "q8_0",
+                            "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.new_tokens),
+                            "--threads", "2", "--json"], capture_output=True, text=True, check=True)
+        st_q8.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    print(f"slicetrain generate --weights-dtype q8_0 greedy: {100 * agreement(st_q8, st_tokens):.1f} % of tokens "
+          f"agree with its fp32, {100 * agreement(st_q8, greedy['q8_0']):.1f} % with llama.cpp's q8_0 file")
     check_lora(args, work, model_dir, tree, gguf_src, env, tok, prompt_ids, stop, ours["f32"])
     print("all checks passed")
 
