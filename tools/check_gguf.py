@@ -222,6 +222,18 @@ def llama_greedy(llm, prompt_ids, n, stop):
     return out
 
 
+def slicetrain_greedy(args, model_dir: Path, prompt_ids, weights_dtype: str, adapter=None) -> list:
+    """`slicetrain generate` greedy continuations (token ids) of each prompt."""
+    extra = ["--adapter", str(adapter)] if adapter else []
+    out = []
+    for ids in prompt_ids:
+        r = subprocess.run([args.bin, "generate", "--model-id", str(model_dir), *extra, "--weights-dtype", weights_dtype,
+                            "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.new_tokens),
+                            "--threads", "2", "--json"], capture_output=True, text=True, check=True)
+        out.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    return out
+
+
 def agreement(xs, ys) -> float:
     """Position-wise agreement of greedy continuations (each ends at eos or after n tokens)."""
     same = sum(a == b for x, y in zip(xs, ys) for a, b in zip(x, y))
@@ -274,12 +286,7 @@ def check_lora(args, work: Path, model_dir: Path, tree: Path, gguf_src, env, tok
         return lg, llama_greedy(llm, prompt_ids, args.new_tokens, stop)
     rel = lambda a: float(np.linalg.norm(a - ref_logits) / np.linalg.norm(ref_logits))
     lg_m, tok_m = run(merged)
-    st_tokens = []
-    for ids in prompt_ids:
-        r = subprocess.run([args.bin, "generate", "--model-id", str(model_dir), "--adapter", str(adapter),
-                            "--weights-dtype", "fp32", "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens",
-                            str(args.new_tokens), "--threads", "2", "--json"], capture_output=True, text=True, check=True)
-        st_tokens.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    st_tokens = slicetrain_greedy(args, model_dir, prompt_ids, "fp32", adapter)
     print(f"lora merged f32 in llama.cpp: logits vs transformers+PEFT rel. L2 error {rel(lg_m):.2e}, greedy tokens "
           f"= slicetrain generate --adapter: {100 * agreement(tok_m, st_tokens):.1f} %")
     assert rel(lg_m) < 1e-4 and agreement(tok_m, st_tokens) == 1.0
@@ -355,12 +362,7 @@ def main() -> None:
     # Every generator stops at eos and at Gemma 4's end of turn (slicetrain and llama.cpp both do).
     stop = {tok.eos_token_id} | ({tok.convert_tokens_to_ids("<turn|>")} if "<turn|>" in tok.get_vocab() else set())
     hf_tokens = [hf_greedy(hf, ids, args.new_tokens, stop) for ids in prompt_ids]
-    st_tokens = []
-    for ids in prompt_ids:
-        r = subprocess.run([args.bin, "generate", "--model-id", str(model_dir), "--weights-dtype", "fp32",
-                            "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.new_tokens),
-                            "--threads", "2", "--json"], capture_output=True, text=True, check=True)
-        st_tokens.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    st_tokens = slicetrain_greedy(args, model_dir, prompt_ids, "fp32")
     agree_st = agreement(st_tokens, hf_tokens)
     print(f"slicetrain generate vs transformers (greedy, fp32): {100 * agree_st:.1f} % of tokens agree")
     with torch.no_grad():
@@ -412,12 +414,7 @@ def main() -> None:
     print(f"llama.cpp q4_k_m greedy vs slicetrain generate (fp32): "
           f"{100 * agreement(greedy['q4_k_m'], st_tokens):.1f} % of tokens agree")
     # slicetrain's own 8-bit decoding (generate --weights-dtype q8_0, quantized on load).
-    st_q8 = []
-    for ids in prompt_ids:
-        r = subprocess.run([args.bin, "generate", "--model-id", str(model_dir), "--weights-dtype", "q8_0",
-                            "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(args.new_tokens),
-                            "--threads", "2", "--json"], capture_output=True, text=True, check=True)
-        st_q8.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    st_q8 = slicetrain_greedy(args, model_dir, prompt_ids, "q8_0")
     print(f"slicetrain generate --weights-dtype q8_0 greedy: {100 * agreement(st_q8, st_tokens):.1f} % of tokens "
           f"agree with its fp32, {100 * agreement(st_q8, greedy['q8_0']):.1f} % with llama.cpp's q8_0 file")
     check_lora(args, work, model_dir, tree, gguf_src, env, tok, prompt_ids, stop, ours["f32"])
