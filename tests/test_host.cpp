@@ -353,8 +353,9 @@ TEST(Memory, WorkerMemoryIsFlatAcrossEpochs) {
                             last = RssAtEndOfEpoch(run, epochs);
   ASSERT_EQ(before.size(), 2u);
   ASSERT_EQ(last.size(), 2u);
+  // Growth is the leak this looks for; RSS may fall when the kernel reclaims mapped file pages.
   for (size_t w = 0; w < 2; ++w)
-    EXPECT_NEAR(last[w], before[w], 0.25)
+    EXPECT_LT(last[w] - before[w], 0.25)
         << "rank " << w << ": " << before[w] << " MiB after epoch " << epochs - 1 << ", " << last[w]
         << " MiB after epoch " << epochs << " (an epoch later)";
   fs::remove_all(storage);
