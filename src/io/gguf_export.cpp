@@ -267,13 +267,13 @@ Status WriteChecked(const LoadedModel& m, GgufWriter& w, const std::vector<Plann
       const int64_t values = n * p.cols;
       for (int64_t k = 0; k < values; ++k)
         if (!std::isfinite(rows[static_cast<size_t>(k)]))
-          return InvalidArgument(StrCat("tensor ", reg.layout.entry(p.entry).name, " has a ",
-                                        std::isnan(rows[static_cast<size_t>(k)]) ? "NaN"
-                                                                                 : "infinite",
-                                        " value (row ", r0 + k / p.cols,
-                                        "); the model is broken, nothing was written"));
-      if (!GgmlTypeOf(p.type).quantize)
+          return InvalidArgument(
+              StrCat("tensor ", reg.layout.entry(p.entry).name, " has a ",
+                     std::isnan(rows[static_cast<size_t>(k)]) ? "NaN" : "infinite", " value (row ",
+                     r0 + k / p.cols, "); the model is broken, nothing was written"));
+      if (!GgmlTypeOf(p.type).quantize) {
         return Internal(StrCat("cannot store ", GgmlTypeOf(p.type).name, " rows"));
+      }
       // The K-quant searches cost far more than reading: rows in parallel (each row's bytes are
       // its own, so the file is the same whatever the thread count).
 #pragma omp parallel for schedule(dynamic, 16) if (values > (1 << 16))
