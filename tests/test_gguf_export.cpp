@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,100 @@ TEST(GgufExport, VocabularyHasTheTokenizersTokensAndTypes) {
   EXPECT_EQ(typed.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(typed.message().find("unexpected type"), std::string::npos) << typed.message();
   fs::remove_all(bad);
+}
+
+// The vocabulary an export writes, read back as a tokenizer (Tokenizer::Load of the .gguf, as
+// `--tokenizer model.gguf` does): llama.cpp's gemma4 tokenization of it. Without newlines that is
+// the tokenizer.json's; llama.cpp splits text into runs of newlines and of everything else before
+// merging (and takes a run of newlines that is a token whole), so with newlines it is the
+// tokenizer.json's on each run. That the ids are llama.cpp's own is checked against llama.cpp
+// (tools/check_gguf.py, and Gemma 4's real vocabulary and llama.cpp's cases for it).
+TEST(GgufExport, ItsVocabularyTokenizesAsLlamaCppDoes) {
+  const LoadedModel m = PresetModel(LlamaCppTiny());
+  const std::string dir = test::TempDir("gguf_export_vocab");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.weight_type = GgmlType::kQ8_0;
+  o.tokenizer_dir = kTokenizer;
+  ASSERT_TRUE(ExportGguf(m, o).ok());
+  StatusOr<Tokenizer> hf = Tokenizer::Load(kTokenizer);
+  StatusOr<Tokenizer> gg = Tokenizer::Load(o.output);
+  ASSERT_TRUE(hf.ok() && gg.ok()) << gg.status().message();
+  EXPECT_NE(gg->kind().find("GGUF"), std::string::npos) << gg->kind();
+  EXPECT_EQ(gg->vocab_size(), 8192);
+  EXPECT_EQ(gg->IdToToken(8191), "[PAD8191]");
+  EXPECT_EQ(gg->bos_id(), hf->bos_id());
+  EXPECT_EQ(gg->eos_id(), hf->eos_id());
+  EXPECT_EQ(gg->pad_id(), hf->pad_id());
+  for (const std::string text :
+       {"Hello world", "  two leading spaces, and\ttabs\t", "<|turn>user Hi<turn|> <|channel>x",
+        "Ünïcödé ½ 🦙 ならば", "Instruction: write a poem. Response:", ""}) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(gg->Encode(text), hf->Encode(text));
+    EXPECT_EQ(gg->Decode(gg->Encode(text, false)), text);
+  }
+  // Text with newlines: the tokenizer.json's ids run by run.
+  const std::string text = "### Instruction:\nName three colours.\n\n### Response:\nRed\n\n\n";
+  std::vector<int32_t> want = {hf->bos_id()};
+  for (size_t b = 0; b < text.size();) {
+    const bool nl = text[b] == '\n';
+    size_t e = b;
+    while (e < text.size() && (text[e] == '\n') == nl) ++e;
+    const std::string run = text.substr(b, e - b);
+    const std::optional<int32_t> whole = hf->TokenToId(run);
+    if (nl && whole) {
+      want.push_back(*whole);
+    } else {
+      const std::vector<int32_t> ids = hf->Encode(run, false);
+      want.insert(want.end(), ids.begin(), ids.end());
+    }
+    b = e;
+  }
+  EXPECT_EQ(gg->Encode(text), want);
+  EXPECT_NE(gg->Encode(text), hf->Encode(text));  // the bundled tokenizer joins "s.\n" and such
+  EXPECT_EQ(gg->Decode(want, /*skip_special_tokens=*/true), text);
+
+  // The command: `tokenize --tokenizer m.gguf`, texts with newlines as JSON strings (--jsonl), and
+  // back with --decode --jsonl.
+  std::ofstream(dir + "/texts.jsonl") << nlohmann::json(text).dump() << "\n\"Hello world\"\n";
+  const test::Ran enc = test::RunCommand(kBin + " tokenize --tokenizer " + o.output + " --file " +
+                                         dir + "/texts.jsonl --jsonl --no-special");
+  ASSERT_EQ(enc.code, 0) << enc.out;
+  std::string ids_line;
+  for (size_t i = 1; i < want.size(); ++i) ids_line += (i > 1 ? " " : "") + std::to_string(want[i]);
+  EXPECT_NE(enc.out.find(ids_line + "\n"), std::string::npos) << enc.out;
+  std::ofstream(dir + "/ids.txt") << ids_line << "\n";
+  const test::Ran dec = test::RunCommand(kBin + " tokenize --tokenizer " + o.output + " --file " +
+                                         dir + "/ids.txt --decode --jsonl");
+  ASSERT_EQ(dec.code, 0) << dec.out;
+  EXPECT_EQ(dec.out, nlohmann::json(text).dump() + "\n");
+
+  // Trained with it: the checkpoint keeps the vocabulary as tokenizer.gguf (no tensors), which
+  // evaluate and generate then take without --tokenizer.
+  const test::Ran ft = test::RunCommand(
+      kBin + " finetune --data-dir " ST_SOURCE_DIR "/data --no-dashboard --progress off " +
+      "--model-id gemma4-tiny --tokenizer " + o.output +
+      " --dataset-split 'train[:16]' --max-seq-len 32 --num-epochs 1 --storage-path " + dir +
+      " --run-name gg");
+  ASSERT_EQ(ft.code, 0) << ft.out;
+  const std::string ckpt = test::NewestCheckpoint(dir + "/gg");
+  ASSERT_FALSE(ckpt.empty());
+  StatusOr<GgufFile> kept = GgufFile::Open(ckpt + "/tokenizer.gguf");
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_TRUE(kept->tensors().empty());
+  EXPECT_LT(fs::file_size(ckpt + "/tokenizer.gguf"), fs::file_size(o.output) / 4);
+  StatusOr<Tokenizer> from_ckpt = Tokenizer::Load(ckpt);
+  ASSERT_TRUE(from_ckpt.ok()) << from_ckpt.status().message();
+  EXPECT_EQ(from_ckpt->Encode(text), want);
+  // evaluate finds no tokenizer but the checkpoint's (it has no fallback to the bundled one).
+  const test::Ran ev =
+      test::RunCommand(kBin + " evaluate --data-dir " ST_SOURCE_DIR "/data --model-id " + ckpt +
+                       " --dataset-split 'train[:4]' --max-seq-len 32");
+  EXPECT_EQ(ev.code, 0) << ev.out;
+  const test::Ran gen = test::RunCommand(kBin + " generate --model-id " + ckpt +
+                                         " --max-new-tokens 4 --prompt 'Name a colour.'");
+  EXPECT_EQ(gen.code, 0) << gen.out;
+  fs::remove_all(dir);
 }
 
 // An F32 export holds the model's values exactly, under llama.cpp's names and shapes, with the

@@ -1,13 +1,16 @@
 // Tokenizer tests: golden ids / decodes from the `tokenizers` package, transformers and spm_encode
 // (tools/make_tokenizer_fixtures.py), plus error handling and tokenizer_config.json behaviour.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "data/tokenizer.h"
+#include "io/gguf.h"
 
 namespace st {
 namespace {
@@ -202,6 +205,143 @@ TEST(Tokenizer, InconsistentIdsAndWrongTypesAreErrors) {
       {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {900000}}}}}}};
   EXPECT_NE(tok(bpe, {{"post_processor", pp}}).status().message().find("outside the vocabulary"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace st
+
+namespace st {
+namespace {
+
+// A GGUF file holding only a vocabulary (tokenizer.ggml.*), as llama.cpp's vocab files do.
+struct GgufVocabFile {
+  std::vector<std::string> tokens;
+  std::vector<int64_t> types;
+  std::vector<std::string> merges;
+  std::string model = "gemma4";
+  int64_t bos = 2;
+  bool with_merges = true, with_model = true;
+
+  // The hand-made vocabulary of the tests below; byte tokens <0x00>..<0xFF> from id 14.
+  static GgufVocabFile Small() {
+    GgufVocabFile v;
+    v.tokens = {"<pad>",
+                "<eos>",
+                "<bos>",
+                "<unk>",
+                "<|turn>",
+                "<|channel>",
+                "\n",
+                "\n\n",
+                "\n\n\n",
+                "a",
+                "b",
+                "ab",
+                "\xe2\x96\x81",
+                "\xe2\x96\x81"
+                "a"};
+    v.types = {3, 3, 3, 2, 3, 4, 1, 1, 1, 1, 1, 1, 1, 1};
+    static const char* kHex = "0123456789ABCDEF";
+    for (int b = 0; b < 256; ++b) {
+      const char name[7] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>', '\0'};
+      v.tokens.emplace_back(name);
+      v.types.push_back(6);
+    }
+    // "\n\n\n" has no merge of its own: merges alone would make it "\n\n" "\n".
+    v.merges = {"\n \n", "a b", "\xe2\x96\x81 a"};
+    return v;
+  }
+
+  std::string Write(const std::string& path) const {
+    GgufWriter w;
+    w.Set("general.architecture", GgufValue::String("gemma4"));
+    if (with_model) w.Set("tokenizer.ggml.model", GgufValue::String(model));
+    w.Set("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
+    w.Set("tokenizer.ggml.token_type", GgufValue::IntArray(GgufValueType::kI32, types));
+    if (with_merges) w.Set("tokenizer.ggml.merges", GgufValue::StringArray(merges));
+    w.Set("tokenizer.ggml.bos_token_id", GgufValue::Int(GgufValueType::kU32, bos));
+    w.Set("tokenizer.ggml.eos_token_id", GgufValue::Int(GgufValueType::kU32, 1));
+    w.Set("tokenizer.ggml.unknown_token_id", GgufValue::Int(GgufValueType::kU32, 3));
+    w.Set("tokenizer.ggml.padding_token_id", GgufValue::Int(GgufValueType::kU32, 0));
+    w.Set("tokenizer.ggml.add_bos_token", GgufValue::Int(GgufValueType::kBool, 1));
+    EXPECT_TRUE(w.Write(path, [](size_t, const GgufWriter::PutFn&) { return Status::Ok(); }).ok());
+    EXPECT_TRUE(w.Commit().ok());
+    return path;
+  }
+};
+
+std::string GgufTempDir() {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("st_gguf_tok_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// llama.cpp's gemma4 rules (llama-vocab.cpp), each on a case where a plain tokenizer.json
+// pipeline would give other ids.
+TEST(GgufTokenizer, LlamaCppsGemma4RulesOnAHandMadeVocabulary) {
+  const std::string dir = GgufTempDir();
+  StatusOr<Tokenizer> t = Tokenizer::Load(GgufVocabFile::Small().Write(dir + "/vocab.gguf"));
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  using V = std::vector<int32_t>;
+  const int32_t byte0 = 14;
+  EXPECT_EQ(t->Encode("ab", false), V{11});
+  EXPECT_EQ(t->Encode("ba", false), (V{10, 9}));
+  EXPECT_EQ(t->Encode(" a", false), V{13});  // spaces are U+2581
+  // A run of newlines that is a token is that token, not what the merges make of it.
+  EXPECT_EQ(t->Encode("a\n\n\nb", false), (V{9, 8, 10}));
+  // One that is not a token is merged.
+  EXPECT_EQ(t->Encode("\n\n\n\n", false), (V{7, 7}));
+  // Text never merges across a newline: "a" and "b" stay apart.
+  EXPECT_EQ(t->Encode("a\nb", false), (V{9, 6, 10}));
+  // Characters outside the vocabulary become byte tokens.
+  EXPECT_EQ(t->Encode("\xc3\xa9", false), (V{byte0 + 0xC3, byte0 + 0xA9}));
+  // CONTROL and USER_DEFINED tokens are split out of the text first.
+  EXPECT_EQ(t->Encode("<|turn>ab<|channel>", false), (V{4, 11, 5}));
+  EXPECT_EQ(t->Encode("ab"), (V{2, 11}));  // add_bos_token
+  EXPECT_EQ(t->Decode(V{2, 13, 8, byte0 + 0xC3, byte0 + 0xA9}), "<bos> a\n\n\n\xc3\xa9");
+  EXPECT_EQ(t->Decode(V{2, 13, 4, 5}, /*skip_special_tokens=*/true), " a<|channel>");
+  EXPECT_EQ(t->bos_id(), 2);
+  EXPECT_EQ(t->eos_id(), 1);
+  EXPECT_EQ(t->unk_id(), 3);
+  EXPECT_EQ(t->vocab_size(), 270);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GgufTokenizer, BrokenVocabulariesAreOneLineEach) {
+  const std::string dir = GgufTempDir();
+  struct Case {
+    std::string name, says;
+    std::function<void(GgufVocabFile*)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"no_model", "has no tokenizer", [](GgufVocabFile* v) { v->with_model = false; }},
+      {"llama", "'llama' is not supported", [](GgufVocabFile* v) { v->model = "llama"; }},
+      {"no_merges", "has no tokenizer.ggml.merges",
+       [](GgufVocabFile* v) { v->with_merges = false; }},
+      {"types", "token_type has 13 entries for 270 tokens",
+       [](GgufVocabFile* v) { v->types.resize(13); }},
+      {"duplicate", "tokens 9 and 10 are both 'a'",
+       [](GgufVocabFile* v) { v->tokens[10] = v->tokens[9]; }},
+      {"bos", "bos_token_id is 999, outside the vocabulary",
+       [](GgufVocabFile* v) { v->bos = 999; }},
+      {"one_token_merge", "merge 1 'ab' is not two tokens",
+       [](GgufVocabFile* v) { v->merges[1] = "ab"; }},
+      {"unknown_merge", "merge 3 uses a token missing from the vocabulary",
+       [](GgufVocabFile* v) { v->merges.push_back("x y"); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GgufVocabFile v = GgufVocabFile::Small();
+    c.spoil(&v);
+    const std::string path = v.Write(dir + "/" + c.name + ".gguf");
+    const Status s = Tokenizer::Load(path).status();
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

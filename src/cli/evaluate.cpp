@@ -196,7 +196,9 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--adapter", a->adapter,
                   "PEFT LoRA adapter directory (a --lora-rank checkpoint, or one PEFT saved) "
                   "applied to --model-id");
-  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json / directory (default: the model's)");
+  cmd->add_option(
+      "--tokenizer", a->tokenizer,
+      "tokenizer.json, a directory, or a GGUF file's vocabulary (default: the model's)");
   cmd->add_option("--dataset", a->dataset.path,
                   "Instruction data set: hub id, data file, glob or directory (default: bundled)");
   cmd->add_option("--dataset-split", a->dataset.split, "HF split syntax")->capture_default_str();

@@ -174,9 +174,11 @@ Status Run(const ExportArgs& a) {
   // The tokenizer: the adapter's (a slicetrain checkpoint has one), else the base's.
   for (const std::string& dir : {a.adapter, model_id}) {
     if (!fs::exists(fs::path(dir) / "tokenizer.json", ec) &&
-        !fs::exists(fs::path(dir) / "tokenizer.model", ec))
+        !fs::exists(fs::path(dir) / "tokenizer.model", ec) &&
+        !fs::exists(fs::path(dir) / "tokenizer.gguf", ec))
       continue;
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"})
+    for (const char* f :
+         {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tokenizer.gguf"})
       if (fs::exists(fs::path(dir) / f, ec))
         fs::copy_file(fs::path(dir) / f, fs::path(a.output) / f,
                       fs::copy_options::overwrite_existing, ec);

@@ -508,7 +508,8 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
                   "Preset (gemma4-tiny, gemma4-small) or local HF model directory")
       ->capture_default_str();
   cmd->add_option("--tokenizer", o.tokenizer,
-                  "tokenizer.json / directory (default: the model's, else the bundled one)");
+                  "tokenizer.json, a directory, or a GGUF file's vocabulary (default: the model's, "
+                  "else the bundled one)");
   cmd->add_option("--dataset", o.dataset,
                   "Instruction data set: a hub data set id (org/name), a .jsonl/.json/.csv/"
                   ".tsv/.parquet file or glob, or a data set directory (default: bundled)");

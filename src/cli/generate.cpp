@@ -36,7 +36,8 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
                   "PEFT LoRA adapter directory (a --lora-rank checkpoint, or one PEFT saved), "
                   "merged into --model-id's weights");
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "tokenizer.json / directory (default: the model's, else the bundled one)");
+                  "tokenizer.json, a directory, or a GGUF file's vocabulary (default: the model's, "
+                  "else the bundled one)");
   cmd->add_option("--template", a->chat_template,
                   "How a prompt is rendered: auto (gemma-chat when the tokenizer has Gemma 4's "
                   "turn tokens, else instruction), gemma-chat, instruction, none")

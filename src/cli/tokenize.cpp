@@ -1,8 +1,10 @@
 // `slicetrain tokenize`: text -> token ids (or ids -> text with --decode) with a tokenizer.json,
-// a SentencePiece .model, or a directory holding one (plus tokenizer_config.json).
+// a SentencePiece .model, a directory holding one (plus tokenizer_config.json), or the vocabulary
+// of a GGUF file.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -14,6 +16,7 @@ namespace {
 struct TokenizeArgs {
   std::string tokenizer, text, file, data_dir;
   bool decode = false, no_special = false, show_tokens = false, skip_special = false;
+  bool jsonl = false;
 };
 
 StatusOr<std::vector<int32_t>> ParseIds(const std::string& line) {
@@ -44,7 +47,19 @@ Status Run(const TokenizeArgs& a) {
   if (!a.file.empty()) {
     std::ifstream f(a.file);
     if (!f) return NotFound(StrCat(a.file, ": cannot open"));
-    for (std::string line; std::getline(f, line);) inputs.push_back(line);
+    int64_t n = 0;
+    for (std::string line; std::getline(f, line);) {
+      ++n;
+      if (!a.jsonl || a.decode) {
+        inputs.push_back(line);
+        continue;
+      }
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_string())
+        return InvalidArgument(
+            StrCat(a.file, ":", n, ": not a JSON string (--jsonl takes one per line)"));
+      inputs.push_back(j.get<std::string>());
+    }
   } else {
     inputs.push_back(a.text);
   }
@@ -52,7 +67,15 @@ Status Run(const TokenizeArgs& a) {
   for (const std::string& in : inputs) {
     if (a.decode) {
       ST_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIds(in));
-      std::printf("%s\n", tok.Decode(ids, a.skip_special).c_str());
+      const std::string text = tok.Decode(ids, a.skip_special);
+      if (a.jsonl) {
+        std::printf("%s\n", nlohmann::json(text)
+                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                                .c_str());
+      } else {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fputc('\n', stdout);
+      }
       continue;
     }
     std::vector<int32_t> ids = tok.Encode(in, !a.no_special);
@@ -77,12 +100,16 @@ void RegisterTokenizeCommand(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text");
   auto a = std::make_shared<TokenizeArgs>();
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "tokenizer.json, SentencePiece .model, or a directory holding one (default: the "
-                  "bundled tokenizer)");
+                  "tokenizer.json, SentencePiece .model, a directory holding one, or a GGUF file "
+                  "(its vocabulary, tokenized as llama.cpp does) (default: the bundled tokenizer)");
   AddDataDirOption(cmd, &a->data_dir);
   auto* text = cmd->add_option("--text", a->text, "Text to encode (or ids to decode)");
   auto* file = cmd->add_option("--file", a->file, "File to encode (or decode) line by line");
   text->excludes(file);
+  cmd->add_flag("--jsonl", a->jsonl,
+                "The text side is JSON strings, one per line (texts with newlines): each line of "
+                "--file is one to encode, or with --decode each decoded text is printed as one")
+      ->needs(file);
   cmd->add_flag("--decode", a->decode, "Input is token ids (space or comma separated)");
   cmd->add_flag("--no-special", a->no_special, "Do not add bos/eos when encoding");
   cmd->add_flag("--skip-special", a->skip_special, "Drop special tokens when decoding");

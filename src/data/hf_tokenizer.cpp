@@ -8,6 +8,8 @@
 // Sequence; model BPE; decoders Replace, ByteFallback, Fuse, Strip, Sequence; post-processors
 // TemplateProcessing (single sequence), ByteLevel (no-op for ids), Sequence. Anything else is
 // rejected at load time.
+#include "data/hf_tokenizer.h"
+
 #include <algorithm>
 #include <array>
 #include <memory>
@@ -246,6 +248,8 @@ void ApplySplit(const PreTokenizer& pt, std::string_view s, size_t b, size_t e,
 class Bpe {
  public:
   Status Parse(const json& m);
+  // llama.cpp's gemma4 rule (HfPipelineOptions::whole_newline_runs).
+  void set_whole_newline_runs(bool on) { whole_newline_runs_ = on; }
   // Appends the ids of one pre-tokenized word.
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
   const TokenMap& vocab() const { return vocab_; }
@@ -264,6 +268,7 @@ class Bpe {
   std::optional<std::string> unk_token_;
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
+  bool whole_newline_runs_ = false;
   std::string prefix_, suffix_;  // continuing_subword_prefix, end_of_word_suffix
 };
 
@@ -273,6 +278,7 @@ Status Bpe::Parse(const json& m) {
         StrCat("model '", m.value("type", ""), "' is not supported (only BPE models are)"));
   if (!m.contains("vocab") || !m["vocab"].is_object())
     return InvalidArgument("model.vocab is missing or not an object");
+  vocab_.reserve(m["vocab"].size());
   std::unordered_map<int32_t, std::string>
       by_id;  // two tokens with one id would decode ambiguously
   for (auto& [tok, id] : m["vocab"].items()) {
@@ -340,7 +346,8 @@ Status Bpe::Parse(const json& m) {
 
 void Bpe::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
   if (word.empty()) return;
-  if (ignore_merges_) {
+  if (ignore_merges_ ||
+      (whole_newline_runs_ && word.find_first_not_of('\n') == std::string_view::npos)) {
     auto it = vocab_.find(word);
     if (it != vocab_.end()) {
       out->push_back(it->second);
@@ -602,6 +609,9 @@ bool IsWordChar(uint32_t c) {
 // ---------------------------------------------------------------- the pipeline
 class HfTokenizer final : public TokenizerBackend {
  public:
+  explicit HfTokenizer(HfPipelineOptions options) : options_(std::move(options)) {
+    bpe_.set_whole_newline_runs(options_.whole_newline_runs);
+  }
   Status Parse(const json& j);
   void EncodePlain(std::string_view text, std::vector<int32_t>* out) const override;
   void TemplateSpecials(std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) const override {
@@ -626,7 +636,7 @@ class HfTokenizer final : public TokenizerBackend {
     return id >= 0 && id < int32_t(id_to_token_.size()) ? id_to_token_[id] : std::string();
   }
   std::optional<std::string> UnkToken() const override { return bpe_.unk_token(); }
-  std::string kind() const override { return "tokenizer.json BPE (byte fallback)"; }
+  std::string kind() const override { return options_.kind; }
 
  private:
   // Splits s (from pos) on the tokens of `matcher`, calling on_text(b, e) for text between
@@ -636,6 +646,7 @@ class HfTokenizer final : public TokenizerBackend {
                   OnToken on_token) const;
   void EncodeNormalized(std::string_view normalized, std::vector<int32_t>* out) const;
 
+  HfPipelineOptions options_;
   std::vector<Normalizer> normalizers_;
   std::vector<PreTokenizer> pre_tokenizers_;
   Bpe bpe_;
@@ -817,10 +828,9 @@ std::string HfTokenizer::Decode(std::span<const int32_t> ids, bool skip_special)
 
 }  // namespace
 
-StatusOr<std::unique_ptr<TokenizerBackend>> LoadHfTokenizerJson(std::string_view json_text) {
-  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument("not valid JSON");
-  auto t = std::make_unique<HfTokenizer>();
+StatusOr<std::unique_ptr<TokenizerBackend>> LoadHfTokenizerParsed(
+    const json& j, const HfPipelineOptions& options) {
+  auto t = std::make_unique<HfTokenizer>(options);
   // Parse checks the fields it relies on; a field of an unexpected JSON type elsewhere throws from
   // nlohmann's accessors, which must not cross this boundary.
   try {
@@ -829,6 +839,12 @@ StatusOr<std::unique_ptr<TokenizerBackend>> LoadHfTokenizerJson(std::string_view
     return InvalidArgument(StrCat("a field has an unexpected JSON type: ", e.what()));
   }
   return std::unique_ptr<TokenizerBackend>(std::move(t));
+}
+
+StatusOr<std::unique_ptr<TokenizerBackend>> LoadHfTokenizerJson(std::string_view json_text) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("not valid JSON");
+  return LoadHfTokenizerParsed(j, HfPipelineOptions{});
 }
 
 }  // namespace st

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/gguf.h"
+
 namespace st {
 namespace {
 
@@ -47,11 +49,16 @@ StatusOr<Tokenizer> Tokenizer::Load(const std::string& path) {
       json_path = (fs::path(path) / "tokenizer.json").string();
     else if (fs::exists(fs::path(path) / "tokenizer.model"))
       model_path = (fs::path(path) / "tokenizer.model").string();
+    else if (fs::exists(fs::path(path) / "tokenizer.gguf"))
+      return FromGguf((fs::path(path) / "tokenizer.gguf").string());
     else
-      return NotFound(StrCat(path, ": no tokenizer.json or tokenizer.model in this directory"));
+      return NotFound(
+          StrCat(path, ": no tokenizer.json, tokenizer.model or tokenizer.gguf in this directory"));
     config_path = (fs::path(path) / "tokenizer_config.json").string();
   } else if (!fs::exists(path, ec)) {
     return NotFound(StrCat(path, ": no such file or directory"));
+  } else if (IsGgufFile(path)) {
+    return FromGguf(path);
   } else if (EndsWith(path, ".model")) {
     model_path = path;
     config_path = (fs::path(path).parent_path() / "tokenizer_config.json").string();
@@ -83,6 +90,14 @@ StatusOr<Tokenizer> Tokenizer::FromJson(std::string_view tokenizer_json,
                                         std::string_view config_json) {
   Tokenizer t;
   ST_ASSIGN_OR_RETURN(auto backend, LoadHfTokenizerJson(tokenizer_json));
+  t.backend_ = std::move(backend);
+  ST_RETURN_IF_ERROR(t.ApplyConfig(config_json));
+  return t;
+}
+
+StatusOr<Tokenizer> Tokenizer::FromBackend(std::unique_ptr<TokenizerBackend> backend,
+                                           std::string_view config_json) {
+  Tokenizer t;
   t.backend_ = std::move(backend);
   ST_RETURN_IF_ERROR(t.ApplyConfig(config_json));
   return t;

@@ -19,6 +19,8 @@
 
 namespace st {
 
+class GgufFile;
+
 // The backend behind a Tokenizer (tokenizer.json pipeline or SentencePiece). Internal.
 class TokenizerBackend {
  public:
@@ -41,11 +43,22 @@ class Tokenizer {
  public:
   // path: a directory holding tokenizer.json (or tokenizer.model) and optionally
   // tokenizer_config.json; a tokenizer.json file (its directory's tokenizer_config.json is read if
-  // present); or a SentencePiece .model file.
+  // present); a SentencePiece .model file; or a GGUF file (its vocabulary, FromGguf).
   static StatusOr<Tokenizer> Load(const std::string& path);
   // From the text of tokenizer.json and (optionally, "" = none) tokenizer_config.json.
   static StatusOr<Tokenizer> FromJson(std::string_view tokenizer_json,
                                       std::string_view config_json = "");
+  // The vocabulary of a GGUF file (tokenizer.ggml.*, model "gemma4"), tokenized as llama.cpp does
+  // (src/data/gguf_tokenizer.cpp). Load takes this path for a file that starts with "GGUF".
+  static StatusOr<Tokenizer> FromGguf(const std::string& path);
+  static StatusOr<Tokenizer> FromGguf(const GgufFile& file);
+  // Writes the vocabulary of a GGUF file (its general.architecture and tokenizer.* keys, no
+  // tensors) to out_path: what a checkpoint keeps as tokenizer.gguf when it was trained with a
+  // GGUF tokenizer, in the shape of llama.cpp's own vocabulary files.
+  static Status WriteGgufVocabulary(const std::string& gguf_path, const std::string& out_path);
+  // A backend built elsewhere in src/data/, with tokenizer_config.json's text ("" = none).
+  static StatusOr<Tokenizer> FromBackend(std::unique_ptr<TokenizerBackend> backend,
+                                         std::string_view config_json);
 
   // add_special_tokens: bos/eos as tokenizer_config.json's add_bos_token/add_eos_token say when it
   // sets them, else the tokenizer.json post-processor's template (what `transformers` does).
@@ -65,7 +78,7 @@ class Tokenizer {
   int32_t eos_id() const { return eos_id_; }
   int32_t pad_id() const { return pad_id_; }
   int32_t unk_id() const { return unk_id_; }
-  // "tokenizer.json BPE (byte fallback)" or "sentencepiece".
+  // "tokenizer.json BPE (byte fallback)", "GGUF gemma4 BPE (byte fallback)" or "sentencepiece".
   std::string kind() const { return backend_->kind(); }
   // The special ids Encode(.., add_special_tokens=true) puts before and after the text.
   void SpecialsAround(std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) const;

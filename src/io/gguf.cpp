@@ -342,6 +342,15 @@ std::vector<int64_t> GgufTensorInfo::TorchShape() const {
 
 // ---- GgufFile ----
 
+bool IsGgufFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char magic[4] = {};
+  const bool ok = ::pread(fd, magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  ::close(fd);
+  return ok;
+}
+
 StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
   GgufFile f;
   f.path_ = path;

@@ -76,6 +76,9 @@ struct GgufTensorInfo {
   std::vector<int64_t> TorchShape() const;  // ne reversed
 };
 
+// Whether the file at path starts with GGUF's magic (false when it cannot be read).
+bool IsGgufFile(const std::string& path);
+
 constexpr uint32_t kGgufVersion = 3;
 constexpr uint32_t kGgufDefaultAlignment = 32;
 

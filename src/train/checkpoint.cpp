@@ -6,7 +6,9 @@
 #include <map>
 #include <sstream>
 
+#include "data/tokenizer.h"
 #include "io/files.h"
+#include "io/gguf.h"
 #include "io/hf_model.h"
 #include "io/safetensors.h"
 
@@ -147,7 +149,12 @@ Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, Fs
 Status CommitCheckpoint(const std::string& pending, const std::string& dir,
                         const CheckpointContent& c) {
   std::error_code ec;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
+  // A GGUF tokenizer (--tokenizer FILE.gguf) is kept as its vocabulary alone.
+  if (fs::is_regular_file(c.tokenizer_dir, ec) && IsGgufFile(c.tokenizer_dir))
+    ST_RETURN_IF_ERROR(Tokenizer::WriteGgufVocabulary(
+        c.tokenizer_dir, (fs::path(pending) / "tokenizer.gguf").string()));
+  for (const char* f :
+       {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tokenizer.gguf"}) {
     const fs::path src = fs::path(c.tokenizer_dir) / f;
     if (fs::exists(src, ec))
       fs::copy_file(src, fs::path(pending) / f, fs::copy_options::overwrite_existing, ec);

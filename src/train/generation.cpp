@@ -131,7 +131,8 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
   g->tokenizer_dir = !tokenizer.empty() ? tokenizer
                      : std::filesystem::is_directory(model_id, ec) &&
                              (std::filesystem::exists(model_id + "/tokenizer.json", ec) ||
-                              std::filesystem::exists(model_id + "/tokenizer.model", ec))
+                              std::filesystem::exists(model_id + "/tokenizer.model", ec) ||
+                              std::filesystem::exists(model_id + "/tokenizer.gguf", ec))
                          ? model_id
                          : data_dir + "/tokenizer";
   ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(g->tokenizer_dir));

@@ -47,8 +47,8 @@ StatusOr<RunTokenizer> LoadRunTokenizer(const Gemma4Config& config, const std::s
                               : fs::is_directory(model_id, ec) ? model_id
                                                                : data_dir + "/tokenizer";
   if (fs::is_directory(tok_dir, ec))
-    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(
-                           tok_dir, {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"})
+    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(tok_dir, {"tokenizer.json", "tokenizer_config.json",
+                                                         "tokenizer.model", "tokenizer.gguf"})
                            .WithContext("tokenizer " + tok_dir));
   ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tok_dir));
   if (tok.vocab_size() > config.vocab_size)
