@@ -60,7 +60,10 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // A prompt fed in chunks of 5, then one token at a time past a sliding window of 8 (rings of
 // 8 + 5 slots): every step's logits equal the engine's over the whole sequence. With LoRA the
 // decoder runs the merged weights and the engine the adapters beside the base.
-void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32, bool q8_0 = false) {
+// blocks: kQ8_0 or kQ4_0 for block storage, kF32 for none.
+void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32,
+                                GgmlType blocks = GgmlType::kF32) {
+  const bool quantized = blocks != GgmlType::kF32;
   StatusOr<Gemma4Config> pc = PresetConfig("gemma4-tiny");
   ASSERT_TRUE(pc.ok());
   Gemma4Config c = *pc;
@@ -92,26 +95,28 @@ void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32, bool q8_
           v = BF16ToFloat(FloatToBF16(v));
         }
   std::vector<float> held = params;  // what the decoder is given; params: what it holds
-  if (q8_0)                          // the engine then sees the values of the decoder's Q8_0 blocks
+  if (quantized)                     // the engine then sees the values of the decoder's blocks
     for (int e = 0; e < reg.layout.size(); ++e) {
       const ArenaEntry& a = reg.layout.entry(e);
       if (a.shape.size() != 2 || e == reg.embed_tokens_per_layer) continue;
-      std::vector<uint8_t> blocks(GgmlRowBytes(GgmlType::kQ8_0, a.shape[1]));
+      std::vector<uint8_t> bytes(GgmlRowBytes(blocks, a.shape[1]));
       for (int64_t r = 0; r < a.shape[0]; ++r) {
         float* row = params.data() + a.offset + r * a.shape[1];
-        ASSERT_TRUE(QuantizeRow(GgmlType::kQ8_0, row, a.shape[1], blocks.data()));
-        DequantizeRow(GgmlType::kQ8_0, blocks.data(), a.shape[1], row);
+        ASSERT_TRUE(QuantizeRow(blocks, row, a.shape[1], bytes.data()));
+        DequantizeRow(blocks, bytes.data(), a.shape[1], row);
       }
     }
   const ArenaWeights source(reg, held.data());
-  const DecodeWeights weights = q8_0 ? DecodeWeights(reg, source, DecodeWeights::Q8_0Storage{})
-                                     : DecodeWeights(reg, source, storage);
-  if (q8_0) {
+  const DecodeWeights weights =
+      quantized ? DecodeWeights(reg, source, DecodeWeights::BlockStorage{blocks})
+                : DecodeWeights(reg, source, storage);
+  if (quantized) {
     EXPECT_TRUE(weights.quantized());
-    EXPECT_NE(weights.q8(reg.layers[0].q_proj), nullptr);
+    EXPECT_EQ(weights.block_type(), blocks);
+    EXPECT_NE(weights.blocks(reg.layers[0].q_proj), nullptr);
     EXPECT_EQ(weights.f32(reg.layers[0].q_proj), nullptr);
     EXPECT_NE(weights.f32(reg.layers[0].input_layernorm), nullptr);  // vectors stay fp32
-    const double bytes = DecodeWeights::Bytes(reg, DecodeWeights::Q8_0Storage{});
+    const double bytes = DecodeWeights::Bytes(reg, DecodeWeights::BlockStorage{blocks});
     EXPECT_NEAR(static_cast<double>(weights.ResidentBytes()), bytes, 1e-3 * bytes);  // padding
   }
   Gemma4Decoder dec(c, reg, weights, 40, 5);
@@ -119,10 +124,29 @@ void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32, bool q8_
   for (int i = 0; i < 13; ++i) ids.push_back(static_cast<int32_t>(3 + rng.Below(c.vocab_size - 3)));
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   ASSERT_TRUE(dec.Append(ids, logits.data()).ok());
+  const std::vector<float> first = logits;
   for (int step = 0; step < 20; ++step) {
     SCOPED_TRACE("step " + std::to_string(step) + ", " + std::to_string(ids.size()) + " tokens");
     const std::vector<float> want = RecomputedLogits(c, reg, params.data(), ids);
-    EXPECT_LT(MaxAbsDiff(logits, want), 2e-4);
+    if (!quantized) {
+      EXPECT_LT(MaxAbsDiff(logits, want), 2e-4);
+    } else {
+      // Block storage rounds each product's activations to int8 blocks too (as llama.cpp does;
+      // cpu::LinearForwardBlocksInt8, whose kernel test checks that exactly), which the engine
+      // does not. This random model's logits are all below 0.9, so that rounding is large
+      // against them: measured 3-18 % apart (relative L2) over these steps, hence a loose bound
+      // that still catches a wrong block or scale (a trained model's greedy tokens are in
+      // docs/gguf.md). A fresh decoder fed the whole sequence at once rounds the same rows the
+      // same way, so the cache is checked exactly against it.
+      double num = 0, den = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        num += (logits[i] - want[i]) * (logits[i] - want[i]), den += want[i] * want[i];
+      EXPECT_LT(std::sqrt(num / den), 0.3);
+      Gemma4Decoder fresh(c, reg, weights, 40, 64);
+      std::vector<float> again(logits.size());
+      ASSERT_TRUE(fresh.Append(ids, again.data()).ok());
+      EXPECT_LT(MaxAbsDiff(logits, again), 1e-4);
+    }
     // The next token: the argmax, so that the sequence is what greedy decoding produces.
     const int32_t next =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -140,9 +164,7 @@ void CheckCacheAgainstRecompute(bool lora, DType storage = DType::kF32, bool q8_
   dec.Reset();
   std::vector<float> again(logits.size());
   ASSERT_TRUE(dec.Append({ids.data(), 13}, again.data()).ok());
-  EXPECT_LT(
-      MaxAbsDiff(again, RecomputedLogits(c, reg, params.data(), {ids.begin(), ids.begin() + 13})),
-      2e-4);
+  EXPECT_LT(MaxAbsDiff(again, first), 1e-5);
 }
 
 TEST(Decode, KvCacheEqualsRecomputation) {
@@ -156,10 +178,15 @@ TEST(Decode, Bf16HeldWeightsEqualTheEngineOnTheSameValues) {
   CheckCacheAgainstRecompute(false, DType::kBF16);
 }
 // Q8_0-held matrices (generate --weights-dtype q8_0): the decoder quantizes what it is given; the
-// engine, run on the dequantized values, gives its logits (the embedding lookup, the tied head
-// and every layer's product read the blocks).
+// engine, run on the dequantized values, gives its logits up to the rounding of activations (the
+// embedding lookup, the tied head and every layer's product read the blocks), and a fresh decoder
+// gives the cached one's.
 TEST(Decode, Q8_0HeldWeightsEqualTheEngineOnTheirValues) {
-  CheckCacheAgainstRecompute(false, DType::kF32, true);
+  CheckCacheAgainstRecompute(false, DType::kF32, GgmlType::kQ8_0);
+}
+// The same with Q4_0 blocks (generate --weights-dtype q4_0).
+TEST(Decode, Q4_0HeldWeightsEqualTheEngineOnTheirValues) {
+  CheckCacheAgainstRecompute(false, DType::kF32, GgmlType::kQ4_0);
 }
 
 // A batch decoder (model/decode.h's batch > 1): five sequences, two of them forked from a
@@ -505,13 +532,16 @@ TEST(GenerateCli, StreamedTextEqualsTheJsonAndTheUncachedRun) {
   const test::Ran slow = test::RunCommand(base + "--json --no-kv-cache");
   ASSERT_EQ(slow.code, 0) << slow.out;
   EXPECT_EQ(nlohmann::json::parse(slow.out)["token_ids"], j["token_ids"]);
-  // Q8_0-held weights decode the same prompt (Decode.Q8_0HeldWeights... checks their logits).
-  const test::Ran q8 = test::RunCommand(base + "--json --weights-dtype q8_0");
-  ASSERT_EQ(q8.code, 0) << q8.out;
-  const nlohmann::json jq = nlohmann::json::parse(q8.out, nullptr, false);
-  ASSERT_TRUE(jq.is_object()) << q8.out;
-  EXPECT_EQ(jq["prompt_tokens"], j["prompt_tokens"]);
-  EXPECT_GT(jq["new_tokens"].get<int>(), 0);
+  // Q8_0- and Q4_0-held weights decode the same prompt (Decode.Q8_0HeldWeights... and
+  // Decode.Q4_0HeldWeights... check their logits).
+  for (const char* w : {"q8_0", "q4_0"}) {
+    const test::Ran q = test::RunCommand(base + "--json --weights-dtype " + w);
+    ASSERT_EQ(q.code, 0) << q.out;
+    const nlohmann::json jq = nlohmann::json::parse(q.out, nullptr, false);
+    ASSERT_TRUE(jq.is_object()) << q.out;
+    EXPECT_EQ(jq["prompt_tokens"], j["prompt_tokens"]);
+    EXPECT_GT(jq["new_tokens"].get<int>(), 0);
+  }
   // The same prompt from a file, beside a JSON line.
   const std::string dir = test::TempDir("prompts");
   {
@@ -555,7 +585,7 @@ TEST(GenerateCli, BadInputIsOneLineAndANonZeroExit) {
            {"--prompt-ids 2,99999999", "vocabulary"},
            {"--prompt-ids 2,x", "--prompt-ids"},
            {"--prompt hi --max-seq-len 8", "--max-seq-len"},
-           {"--prompt hi --weights-dtype q4_0", "--weights-dtype"},
+           {"--prompt hi --weights-dtype q4_k_m", "--weights-dtype"},
            {"--prompts /nonexistent/prompts.txt", "prompts.txt"}}) {
     SCOPED_TRACE(flags);
     const test::Ran r = test::RunCommand(base + flags);

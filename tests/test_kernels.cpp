@@ -922,36 +922,92 @@ TEST(KernelIsa, EveryLevelThisCpuRunsAgreesWithTheBest) {
   EXPECT_NE(bad.status().message().find("is not one of x86-64-v4"), std::string::npos);
 }
 
-// The Q8_0 product (cpu::LinearForwardQ8_0) against double-precision dot products with the
-// dequantized weights: 1 to 17 rows (the AVX-512 path's passes of 8 and their remainders), widths
-// of one and of many blocks, an odd number of output rows (tolerance 1e-5 of the sum of |terms|:
-// fp32 accumulation; under the ctest caps also the SSE4.2 and AVX2 levels' plain loops).
-TEST(Kernels, Q8_0ProductEqualsTheDotProductsWithDequantizedWeights) {
-  for (const int64_t in : {32, 1536}) {
-    const int64_t out = 29;
-    const std::vector<float> w = RandomVec(out * in, 41);
-    const size_t row_bytes = GgmlRowBytes(GgmlType::kQ8_0, in);
-    std::vector<uint8_t> q(out * row_bytes);
-    std::vector<float> wd(w.size());
-    for (int64_t o = 0; o < out; ++o) {
-      ASSERT_TRUE(QuantizeRow(GgmlType::kQ8_0, w.data() + o * in, in, q.data() + o * row_bytes));
-      DequantizeRow(GgmlType::kQ8_0, q.data() + o * row_bytes, in, wd.data() + o * in);
-    }
-    for (const int64_t N : {1, 2, 5, 8, 9, 17}) {
-      const std::vector<float> x = RandomVec(N * in, 42 + N);
-      std::vector<float> y(N * out);
-      cpu::LinearForwardQ8_0(x.data(), q.data(), y.data(), N, in, out);
-      for (int64_t t = 0; t < N; ++t)
-        for (int64_t o = 0; o < out; ++o) {
-          double want = 0, mag = 0;
-          for (int64_t j = 0; j < in; ++j) {
-            want += static_cast<double>(x[t * in + j]) * wd[o * in + j];
-            mag += std::abs(static_cast<double>(x[t * in + j]) * wd[o * in + j]);
+// The block products (cpu::LinearForwardQ8_0, cpu::LinearForwardQ4_0) against double-precision dot
+// products with the dequantized weights: 1 to 17 rows (the AVX-512 path's passes of 8 and their
+// remainders), widths of one and of many blocks, an odd number of output rows (tolerance 1e-5 of
+// the sum of |terms|: fp32 accumulation; under the ctest caps also the SSE4.2 and AVX2 levels'
+// plain loops).
+TEST(Kernels, BlockProductsEqualTheDotProductsWithDequantizedWeights) {
+  for (const GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0})
+    for (const int64_t in : {32, 1536}) {
+      SCOPED_TRACE(GgmlTypeOf(type).name);
+      const int64_t out = 29;
+      const std::vector<float> w = RandomVec(out * in, 41);
+      const size_t row_bytes = GgmlRowBytes(type, in);
+      std::vector<uint8_t> q(out * row_bytes);
+      std::vector<float> wd(w.size());
+      for (int64_t o = 0; o < out; ++o) {
+        ASSERT_TRUE(QuantizeRow(type, w.data() + o * in, in, q.data() + o * row_bytes));
+        DequantizeRow(type, q.data() + o * row_bytes, in, wd.data() + o * in);
+      }
+      for (const int64_t N : {1, 2, 5, 8, 9, 17}) {
+        const std::vector<float> x = RandomVec(N * in, 42 + N);
+        std::vector<float> y(N * out);
+        if (type == GgmlType::kQ8_0)
+          cpu::LinearForwardQ8_0(x.data(), q.data(), y.data(), N, in, out);
+        else
+          cpu::LinearForwardQ4_0(x.data(), q.data(), y.data(), N, in, out);
+        for (int64_t t = 0; t < N; ++t)
+          for (int64_t o = 0; o < out; ++o) {
+            double want = 0, mag = 0;
+            for (int64_t j = 0; j < in; ++j) {
+              want += static_cast<double>(x[t * in + j]) * wd[o * in + j];
+              mag += std::abs(static_cast<double>(x[t * in + j]) * wd[o * in + j]);
+            }
+            EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
           }
-          EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
-        }
+      }
     }
-  }
+}
+
+// The decoder's block products (cpu::LinearForwardBlocksInt8): x rounded to int8 blocks as ggml's
+// Q8_0 (d = max|x| / 127, round half away from zero), then per block the integer dot product with
+// the weight codes and both scales: against the same in double precision, with the rounding done
+// here. Under the ctest caps (x86-64-v3, v2) the plain loops run instead of AVX512-VNNI, and the
+// result is the same within fp32 summation.
+TEST(Kernels, Int8BlockProductsEqualTheIntegerDotProducts) {
+  for (const GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0})
+    for (const int64_t in : {32, 1536}) {
+      SCOPED_TRACE(GgmlTypeOf(type).name);
+      const int64_t out = 29;
+      std::vector<float> w = RandomVec(out * in, 51);
+      w[5] = 0;  // a zero code (Q8_0's sign trick)
+      const size_t row_bytes = GgmlRowBytes(type, in);
+      std::vector<uint8_t> q(out * row_bytes);
+      std::vector<float> wd(w.size());
+      for (int64_t o = 0; o < out; ++o) {
+        ASSERT_TRUE(QuantizeRow(type, w.data() + o * in, in, q.data() + o * row_bytes));
+        DequantizeRow(type, q.data() + o * row_bytes, in, wd.data() + o * in);
+      }
+      for (const int64_t N : {1, 2, 3, 4, 5, 8, 9, 17}) {
+        std::vector<float> x = RandomVec(N * in, 52 + N);
+        for (int64_t j = 0; j < 32; ++j) x[j] = 0;  // a block of zeros: d = 0
+        x[x.size() - 3] = 30.0f;                    // an outlier sets its block's scale
+        std::vector<float> y(N * out);
+        cpu::LinearForwardBlocksInt8(type, x.data(), q.data(), y.data(), N, in, out);
+        // x as the kernel rounds it.
+        std::vector<double> xr(x.size());
+        for (int64_t b = 0; b < N * in / 32; ++b) {
+          float amax = 0;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+          const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+          for (int j = 0; j < 32; ++j)
+            xr[b * 32 + j] = static_cast<double>(d) * std::round(x[b * 32 + j] * id);
+        }
+        for (int64_t t = 0; t < N; ++t)
+          for (int64_t o = 0; o < out; ++o) {
+            double want = 0, mag = 0, exact = 0;
+            for (int64_t j = 0; j < in; ++j) {
+              want += xr[t * in + j] * wd[o * in + j];
+              mag += std::abs(xr[t * in + j] * wd[o * in + j]);
+              exact += static_cast<double>(x[t * in + j]) * wd[o * in + j];
+            }
+            EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
+            // Rounding x moves each term by at most half its block's step.
+            EXPECT_NEAR(y[t * out + o], exact, 0.5 / 127 * 30 * mag + 1e-5 * mag);
+          }
+      }
+    }
 }
 
 }  // namespace

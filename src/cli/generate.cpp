@@ -65,8 +65,9 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
   cmd->add_option("--weights-dtype", a->weights_dtype,
                   "How the weight matrices are held: auto (bf16 for a bf16 checkpoint without "
                   "--adapter, else fp32), fp32, bf16 (half the memory and bytes per token; "
-                  "arithmetic is fp32 either way) or q8_0 (ggml's 8-bit blocks, quantized on "
-                  "load: 1.9x fewer bytes than bf16)")
+                  "arithmetic is fp32 either way), q8_0 or q4_0 (ggml's 8- and 4-bit blocks, "
+                  "quantized on load: 1.9x and 3.6x fewer bytes than bf16; multiplied as "
+                  "llama.cpp does, the activations rounded to int8 blocks)")
       ->capture_default_str();
   cmd->add_option("--precision", a->precision,
                   "fp32, bf16 or auto: the prompt's matrix products (bf16: activations rounded "

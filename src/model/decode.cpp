@@ -33,20 +33,23 @@ double DecodeWeights::Bytes(const ParamRegistry& reg, DType storage) {
   return n;
 }
 
-double DecodeWeights::Bytes(const ParamRegistry& reg, Q8_0Storage) {
+double DecodeWeights::Bytes(const ParamRegistry& reg, BlockStorage blocks) {
   double n = 0;
   for (int e = 0; e < reg.base_entries; ++e) {
     if (IsRowsOnly(reg, e)) continue;
     const ArenaEntry& a = reg.layout.entry(e);
-    n += a.shape.size() == 2 ? static_cast<double>(GgmlRowBytes(GgmlType::kQ8_0, a.shape[1])) *
+    n += a.shape.size() == 2 ? static_cast<double>(GgmlRowBytes(blocks.type, a.shape[1])) *
                                    static_cast<double>(a.shape[0])
                              : static_cast<double>(a.numel) * sizeof(float);
   }
   return n;
 }
 
-DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source, Q8_0Storage)
-    : storage_(DType::kF32) {
+DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source,
+                             BlockStorage blocks)
+    : storage_(DType::kF32), block_type_(blocks.type) {
+  ST_CHECK(blocks.type == GgmlType::kQ8_0 || blocks.type == GgmlType::kQ4_0)
+      << "block storage takes Q8_0 or Q4_0";
   const size_t entries = static_cast<size_t>(reg.layout.size());
   std::vector<int64_t> offset(entries, -1), block_offset(entries, -1);
   int64_t total = 0, bytes = 0;
@@ -55,9 +58,9 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
     const ArenaEntry& a = reg.layout.entry(e);
     if (a.shape.size() == 2) {
       ST_CHECK(a.shape[1] % 32 == 0)
-          << a.name << ": rows of " << a.shape[1] << " values are not whole Q8_0 blocks";
+          << a.name << ": rows of " << a.shape[1] << " values are not whole 32-value blocks";
       block_offset[static_cast<size_t>(e)] = bytes;
-      bytes += static_cast<int64_t>(GgmlRowBytes(GgmlType::kQ8_0, a.shape[1])) * a.shape[0];
+      bytes += static_cast<int64_t>(GgmlRowBytes(blocks.type, a.shape[1])) * a.shape[0];
     } else {
       offset[static_cast<size_t>(e)] = total;
       total += (a.numel + 15) / 16 * 16;
@@ -67,7 +70,7 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
   blocks_.resize(static_cast<size_t>(bytes));
   f32_.assign(entries, nullptr);
   bf16_.assign(entries, nullptr);
-  q8_.assign(entries, nullptr);
+  q_.assign(entries, nullptr);
   rows_.assign(entries, nullptr);
   // A matrix goes through fp32 in chunks of whole rows, or whole when an adapter is merged into it.
   constexpr int64_t kChunk = int64_t{1} << 20;
@@ -86,7 +89,7 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
       continue;
     }
     const int64_t rows = a.shape[0], cols = a.shape[1];
-    const size_t row_bytes = GgmlRowBytes(GgmlType::kQ8_0, cols);
+    const size_t row_bytes = GgmlRowBytes(blocks.type, cols);
     uint8_t* dst = blocks_.data() + block_offset[i];
     const bool merge = reg.lora_a[i] >= 0;
     const int64_t chunk_rows = merge ? rows : std::max<int64_t>(1, kChunk / cols);
@@ -99,10 +102,10 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
         source.Read(e, r0 * cols, n * cols, tmp.data());
 #pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
       for (int64_t r = 0; r < n; ++r)
-        QuantizeRow(GgmlType::kQ8_0, tmp.data() + r * cols, cols,
+        QuantizeRow(blocks.type, tmp.data() + r * cols, cols,
                     dst + static_cast<size_t>(r0 + r) * row_bytes);
     }
-    q8_[i] = dst;
+    q_[i] = dst;
     source.Release(e);
   }
 }
@@ -363,11 +366,11 @@ void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_
   const float sd = std::sqrt(static_cast<float>(d));
   if (const float* e = w_.f32(reg_.embed_tokens)) {
     cpu::EmbeddingForward(ids, e, x_.data(), n, d, sd);
-  } else if (const uint8_t* q = w_.q8(reg_.embed_tokens)) {
-    const size_t row_bytes = GgmlRowBytes(GgmlType::kQ8_0, d);
+  } else if (const uint8_t* q = w_.blocks(reg_.embed_tokens)) {
+    const size_t row_bytes = GgmlRowBytes(w_.block_type(), d);
     for (int64_t t = 0; t < n; ++t) {
       float* row = x_.data() + t * d;
-      DequantizeRow(GgmlType::kQ8_0, q + static_cast<size_t>(ids[t]) * row_bytes, d, row);
+      DequantizeRow(w_.block_type(), q + static_cast<size_t>(ids[t]) * row_bytes, d, row);
       for (int64_t c = 0; c < d; ++c) row[c] *= sd;
     }
   } else {
@@ -500,8 +503,8 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
 
 void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
                            float alpha) {
-  if (const uint8_t* q = w_.q8(e)) {  // each weight row read once for every row of x
-    cpu::LinearForwardQ8_0(x, q, y, n, in, out);
+  if (const uint8_t* q = w_.blocks(e)) {  // each weight row read once for every row of x
+    cpu::LinearForwardBlocksInt8(w_.block_type(), x, q, y, n, in, out);
     if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
     return;
   }

@@ -28,6 +28,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/cpu/quant.h"
 #include "model/config.h"
 #include "model/gemma4.h"
 #include "model/params.h"
@@ -41,16 +42,19 @@ namespace st {
 // Matrices are kept in fp32 or in bf16 (`storage`): decoding one token reads every matrix once,
 // so bf16 halves the bytes and about doubles the speed. A bf16 checkpoint's values are exactly
 // representable, so bf16 storage then changes nothing (arithmetic stays fp32); vectors (norms,
-// layer scalars) stay fp32. Q8_0 storage (`Q8_0Storage`, `generate --weights-dtype q8_0`) holds
-// each matrix as ggml's Q8_0 blocks (kernels/cpu/quant.h: 34 bytes per 32 weights, 1.9x fewer than
-// bf16), quantized here from the source's values (adapters merged first); its products
-// (cpu::LinearForwardQ8_0) widen the int8 weights in registers, so activations stay fp32.
+// layer scalars) stay fp32. Block storage (`BlockStorage`, `generate --weights-dtype q8_0|q4_0`)
+// holds each matrix as ggml's Q8_0 or Q4_0 blocks (kernels/cpu/quant.h: 34 or 18 bytes per 32
+// weights, 1.9x or 3.6x fewer than bf16), quantized here from the source's values (adapters merged
+// first); its products (cpu::LinearForwardQ8_0/Q4_0) widen the codes in registers, so activations
+// stay fp32.
 class DecodeWeights {
  public:
-  struct Q8_0Storage {};
+  struct BlockStorage {
+    GgmlType type = GgmlType::kQ8_0;  // kQ8_0 or kQ4_0
+  };
   // reg: the model's registry (adapters included, if any); source: its weights.
   DecodeWeights(const ParamRegistry& reg, const WeightSource& source, DType storage = DType::kF32);
-  DecodeWeights(const ParamRegistry& reg, const WeightSource& source, Q8_0Storage);
+  DecodeWeights(const ParamRegistry& reg, const WeightSource& source, BlockStorage blocks);
   // The storage `generate` picks: bf16 when the source stores bf16 and no adapter is merged (its
   // small update would be rounded away), else fp32.
   static DType DefaultStorage(const ParamRegistry& reg, const WeightSource& source);
@@ -58,9 +62,10 @@ class DecodeWeights {
   const float* f32(int e) const { return f32_[static_cast<size_t>(e)]; }
   // Matrix e in bf16 (bf16 storage), else null.
   const uint16_t* bf16(int e) const { return bf16_[static_cast<size_t>(e)]; }
-  // Matrix e as Q8_0 blocks, row after row (Q8_0 storage), else null.
-  const uint8_t* q8(int e) const { return q8_.empty() ? nullptr : q8_[static_cast<size_t>(e)]; }
-  bool quantized() const { return !q8_.empty(); }
+  // Matrix e as blocks of block_type(), row after row (block storage), else null.
+  const uint8_t* blocks(int e) const { return q_.empty() ? nullptr : q_[static_cast<size_t>(e)]; }
+  bool quantized() const { return !q_.empty(); }
+  GgmlType block_type() const { return block_type_; }
   // Where the rows of a lookup-only table come from (the per-layer embeddings), else null.
   const WeightSource* rows(int e) const { return rows_[static_cast<size_t>(e)]; }
   DType storage() const { return storage_; }
@@ -70,7 +75,7 @@ class DecodeWeights {
   }
   // The bytes the constructor will hold for this registry (for a check before loading).
   static double Bytes(const ParamRegistry& reg, DType storage = DType::kF32);
-  static double Bytes(const ParamRegistry& reg, Q8_0Storage);
+  static double Bytes(const ParamRegistry& reg, BlockStorage blocks);
 
  private:
   DType storage_;
@@ -79,7 +84,8 @@ class DecodeWeights {
   std::vector<const float*> f32_;
   std::vector<const uint16_t*> bf16_;
   std::vector<uint8_t> blocks_;
-  std::vector<const uint8_t*> q8_;
+  std::vector<const uint8_t*> q_;
+  GgmlType block_type_ = GgmlType::kQ8_0;
   std::vector<const WeightSource*> rows_;
 };
 

@@ -91,8 +91,8 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed,
     const std::string& weights_dtype) {
   if (weights_dtype != "auto" && weights_dtype != "fp32" && weights_dtype != "bf16" &&
-      weights_dtype != "q8_0")
-    return InvalidArgument("--weights-dtype must be auto, fp32, bf16 or q8_0, got '" +
+      weights_dtype != "q8_0" && weights_dtype != "q4_0")
+    return InvalidArgument("--weights-dtype must be auto, fp32, bf16, q8_0 or q4_0, got '" +
                            weights_dtype + "'");
   auto g = std::make_unique<TextGenerator>();
   ST_ASSIGN_OR_RETURN(g->model, LoadModelWithAdapter(model_id, adapter, preset_seed));
@@ -106,27 +106,33 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
                         : weights_dtype == "bf16"
                             ? DType::kBF16
                             : DecodeWeights::DefaultStorage(g->model.registry, *g->model.weights);
-  const bool q8 = weights_dtype == "q8_0";
-  if (q8)
+  const bool quantized = weights_dtype == "q8_0" || weights_dtype == "q4_0";
+  const DecodeWeights::BlockStorage blocks{weights_dtype == "q4_0" ? GgmlType::kQ4_0
+                                                                   : GgmlType::kQ8_0};
+  if (quantized)
     for (int e = 0; e < g->model.registry.base_entries; ++e) {
       const ArenaEntry& a = g->model.registry.layout.entry(e);
       if (a.shape.size() == 2 && e != g->model.registry.embed_tokens_per_layer &&
           a.shape[1] % 32 != 0)
-        return InvalidArgument(StrCat("--weights-dtype q8_0: ", a.name, " has rows of ", a.shape[1],
+        return InvalidArgument(StrCat("--weights-dtype ", weights_dtype, ": ", a.name,
+                                      " has rows of ", a.shape[1],
                                       " values, not whole 32-value blocks; use bf16 or fp32"));
     }
-  const double need = (q8 ? DecodeWeights::Bytes(g->model.registry, DecodeWeights::Q8_0Storage{})
-                          : DecodeWeights::Bytes(g->model.registry, storage)) +
+  const double need = (quantized ? DecodeWeights::Bytes(g->model.registry, blocks)
+                                 : DecodeWeights::Bytes(g->model.registry, storage)) +
                       Gemma4Decoder::Bytes(cfg, capacity);
   const double have =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > 0.9 * have)
-    return ResourceExhausted(StrCat(
-        "generating needs about ", static_cast<int64_t>(need / (1 << 20)), " MiB (the weights in ",
-        q8 ? "q8_0" : DTypeName(storage), " and the cache for ", capacity, " tokens), more than ",
-        "this machine's ", static_cast<int64_t>(have / (1 << 20)), " MiB; lower --max-seq-len",
-        q8 ? "" : ", hold the weights in 8 bits (--weights-dtype q8_0)",
-        " or use a machine with more memory"));
+    return ResourceExhausted(
+        StrCat("generating needs about ", static_cast<int64_t>(need / (1 << 20)),
+               " MiB (the weights in ", quantized ? weights_dtype : DTypeName(storage),
+               " and the cache for ", capacity, " tokens), more than ", "this machine's ",
+               static_cast<int64_t>(have / (1 << 20)), " MiB; lower --max-seq-len",
+               weights_dtype == "q4_0" ? ""
+               : quantized             ? ", hold the weights in 4 bits (--weights-dtype q4_0)"
+                                       : ", hold the weights in 8 bits (--weights-dtype q8_0)",
+               " or use a machine with more memory"));
   std::error_code ec;
   g->tokenizer_dir = !tokenizer.empty() ? tokenizer
                      : std::filesystem::is_directory(model_id, ec) &&
@@ -155,9 +161,9 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     add_stop(*t);
     g->end_of_turn = *t;
   }
-  g->weights = q8 ? std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights,
-                                                    DecodeWeights::Q8_0Storage{})
-                  : std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, storage);
+  g->weights = quantized
+                   ? std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, blocks)
+                   : std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, storage);
   return g;
 }
 

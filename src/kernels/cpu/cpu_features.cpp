@@ -35,6 +35,7 @@ CpuFeatures Read() {
     f.avx512f = os_avx512 && ((b >> 16) & 1);
     f.avx512bw = f.avx512f && ((b >> 30) & 1);
     f.avx512vl = f.avx512f && ((b >> 31) & 1);
+    f.avx512_vnni = f.avx512vl && ((c >> 11) & 1);
     f.amx_bf16 = (d >> 22) & 1;  // the OS grants the tile state per process (oneDNN asks for it)
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = f.avx512f && ((a >> 5) & 1);

@@ -18,6 +18,7 @@ struct CpuFeatures {
   bool avx512_bf16 =
       false;              // VDPBF16PS: bf16 dot products in AVX-512 registers (Cooper Lake, Zen 4)
   bool amx_bf16 = false;  // AMX tiles with bf16 (Sapphire Rapids and later)
+  bool avx512_vnni = false;  // VPDPBUSD: int8 dot products (Cascade Lake, Ice Lake, Zen 4)
 };
 
 // cpuid, once per process (the first call; later calls return the same object).

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/attn_mask.h"
+#include "kernels/cpu/quant.h"
 
 namespace st::cpu {
 #include "kernels/ops_decl.inc"
@@ -52,6 +53,22 @@ void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, in
 // reads 1.9x fewer bytes than bf16.
 void LinearForwardQ8_0(const float* x, const uint8_t* w, float* y, int64_t N, int64_t in,
                        int64_t out);
+// The same with w in ggml's Q4_0 blocks (per 32 weights an fp16 scale d and 16 bytes of nibbles q,
+// weight = d * (q - 8), the block's first 16 values in the low nibbles; 18 bytes per block, 3.6x
+// fewer than bf16).
+void LinearForwardQ4_0(const float* x, const uint8_t* w, float* y, int64_t N, int64_t in,
+                       int64_t out);
+
+// y[N,out] = x[N,in] . w[out,in]^T with w in Q8_0 or Q4_0 blocks and x rounded to int8 blocks
+// first, as ggml's Q8_0 rounds them (per 32 values d = max|x| / 127, codes round(x / d), d kept in
+// fp32): per block an integer dot product of the codes, scaled by the two d (llama.cpp's
+// vec_dot_q8_0_q8_0 / vec_dot_q4_0_q8_0). AVX512-VNNI where HasVnniBlockProducts(), plain integer
+// loops elsewhere (the same integers; the fp32 sums may differ in the last bits). The decoder's
+// products for block storage (src/kernels/cpu/quant_dot.cpp).
+void LinearForwardBlocksInt8(GgmlType type, const float* x, const uint8_t* w, float* y, int64_t N,
+                             int64_t in, int64_t out);
+// Whether the CPU has AVX512-VNNI and the kernels run at x86-64-v4.
+bool HasVnniBlockProducts();
 
 // Threads used by OpenMP regions and OpenBLAS for this process.
 void SetNumThreads(int n);
