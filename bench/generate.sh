@@ -10,6 +10,8 @@
 #   MODEL=/path/to/hf_model_dir PROMPT_LEN=520 NEW=64 bench/generate.sh
 #   COMPILE=1 bench/generate.sh        # also the peer's static cache + torch.compile
 #   EXTRA_WEIGHTS="" bench/generate.sh # without the --weights-dtype q8_0 and q4_0 runs
+#   LLAMA_CPP_FORMATS="bf16 q8_0" bench/generate.sh  # llama.cpp on these GGUF exports (default: the
+#                                      # EXTRA_WEIGHTS formats; skipped without llama-cpp-python)
 # THREADS (default: all CPUs) applies to both; REPEATS (3) runs each, the median is printed.
 # Needs tools/.venv (tools/setup_venv.sh) for the peer; SLICETRAIN=path overrides the binary.
 set -euo pipefail
@@ -72,6 +74,22 @@ for w in ${EXTRA_WEIGHTS-q8_0 q4_0}; do
   same="$(head -1 "$tmp/runs" | "$py" -c "import json,sys; a=json.loads(sys.stdin.read())['token_ids']; b=[int(x) for x in sys.argv[1].split(',') if x]; n=next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), min(len(a),len(b))); print(n)" "$toks")"
   echo "slicetrain cache=yes weights=$w prefill_s=$pre_w decode_tokens/s=$tps_w decode_GFLOP/s=$gfs_w first_${same}_tokens_equal_the_line_above"
 done
+# llama.cpp on the same model: exported to GGUF by slicetrain in each of LLAMA_CPP_FORMATS (default
+# the block formats above), decoded by llama-cpp-python (tools/requirements-llama.txt) with the same
+# prompt and threads. A layout llama.cpp cannot run (gemma4-small's KV sharing) is named and skipped.
+if "$py" -c "import llama_cpp" 2>/dev/null; then
+  for w in ${LLAMA_CPP_FORMATS-${EXTRA_WEIGHTS-q8_0 q4_0}}; do
+    if ! err="$("$bin" export --model-id "$model" --format gguf --quant "$w" --output "$tmp/model_$w.gguf" 2>&1)"; then
+      echo "peer=llama.cpp file=$w skipped: $(echo "$err" | grep -m1 error)"
+      continue
+    fi
+    "$py" "$root/bench/peers/llama_cpp_peer.py" --gguf "$tmp/model_$w.gguf" --label "$w" \
+      --prompt-ids "$ids" --new-tokens "$new" --threads "$threads" --repeats "$repeats"
+    rm -f "$tmp/model_$w.gguf"
+  done
+else
+  echo "peer=llama.cpp skipped: llama-cpp-python is not installed (tools/requirements-llama.txt)"
+fi
 run "$no_cache_new" --no-kv-cache
 tps_nc="$(while read -r l; do echo "$l" | field decode_tokens_per_s; done < "$tmp/runs" | median)"
 gfs_nc="$(while read -r l; do echo "$l" | field decode_gflop_per_s; done < "$tmp/runs" | median)"

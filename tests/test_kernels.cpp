@@ -922,6 +922,20 @@ TEST(KernelIsa, EveryLevelThisCpuRunsAgreesWithTheBest) {
   EXPECT_NE(bad.status().message().find("is not one of x86-64-v4"), std::string::npos);
 }
 
+// Rows of `in` values of w quantized to `type` blocks (q) and their dequantized values (wd).
+bool QuantizeRows(GgmlType type, const std::vector<float>& w, int64_t in, std::vector<uint8_t>* q,
+                  std::vector<float>* wd) {
+  const int64_t rows = static_cast<int64_t>(w.size()) / in;
+  const size_t row_bytes = GgmlRowBytes(type, in);
+  q->assign(rows * row_bytes, 0);
+  wd->assign(w.size(), 0.0f);
+  for (int64_t o = 0; o < rows; ++o) {
+    if (!QuantizeRow(type, w.data() + o * in, in, q->data() + o * row_bytes)) return false;
+    DequantizeRow(type, q->data() + o * row_bytes, in, wd->data() + o * in);
+  }
+  return true;
+}
+
 // The block products (cpu::LinearForwardQ8_0, cpu::LinearForwardQ4_0) against double-precision dot
 // products with the dequantized weights: 1 to 17 rows (the AVX-512 path's passes of 8 and their
 // remainders), widths of one and of many blocks, an odd number of output rows (tolerance 1e-5 of
@@ -933,13 +947,9 @@ TEST(Kernels, BlockProductsEqualTheDotProductsWithDequantizedWeights) {
       SCOPED_TRACE(GgmlTypeOf(type).name);
       const int64_t out = 29;
       const std::vector<float> w = RandomVec(out * in, 41);
-      const size_t row_bytes = GgmlRowBytes(type, in);
-      std::vector<uint8_t> q(out * row_bytes);
-      std::vector<float> wd(w.size());
-      for (int64_t o = 0; o < out; ++o) {
-        ASSERT_TRUE(QuantizeRow(type, w.data() + o * in, in, q.data() + o * row_bytes));
-        DequantizeRow(type, q.data() + o * row_bytes, in, wd.data() + o * in);
-      }
+      std::vector<uint8_t> q;
+      std::vector<float> wd;
+      ASSERT_TRUE(QuantizeRows(type, w, in, &q, &wd));
       for (const int64_t N : {1, 2, 5, 8, 9, 17}) {
         const std::vector<float> x = RandomVec(N * in, 42 + N);
         std::vector<float> y(N * out);
@@ -972,13 +982,9 @@ TEST(Kernels, Int8BlockProductsEqualTheIntegerDotProducts) {
       const int64_t out = 29;
       std::vector<float> w = RandomVec(out * in, 51);
       w[5] = 0;  // a zero code (Q8_0's sign trick)
-      const size_t row_bytes = GgmlRowBytes(type, in);
-      std::vector<uint8_t> q(out * row_bytes);
-      std::vector<float> wd(w.size());
-      for (int64_t o = 0; o < out; ++o) {
-        ASSERT_TRUE(QuantizeRow(type, w.data() + o * in, in, q.data() + o * row_bytes));
-        DequantizeRow(type, q.data() + o * row_bytes, in, wd.data() + o * in);
-      }
+      std::vector<uint8_t> q;
+      std::vector<float> wd;
+      ASSERT_TRUE(QuantizeRows(type, w, in, &q, &wd));
       for (const int64_t N : {1, 2, 3, 4, 5, 8, 9, 17}) {
         std::vector<float> x = RandomVec(N * in, 52 + N);
         for (int64_t j = 0; j < 32; ++j) x[j] = 0;  // a block of zeros: d = 0
