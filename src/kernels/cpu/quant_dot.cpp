@@ -50,7 +50,8 @@ struct Int8Rows {
       int32_t s = 0;
       int8_t* qb = q.data() + i * kBlock;
       for (int j = 0; j < kBlock; ++j) {
-        qb[j] = static_cast<int8_t>(std::round(xb[j] * id));
+        const float v = std::round(xb[j] * id);
+        qb[j] = v >= -127.0f && v <= 127.0f ? static_cast<int8_t>(v) : 0;  // NaN: 0, never UB
         s += qb[j];
       }
       d[static_cast<size_t>(i)] = dd;
