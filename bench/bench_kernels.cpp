@@ -181,8 +181,8 @@ void BM_DecodeProduct(benchmark::State& s) {
   const std::vector<float> w = Rand(out * in, 6), x = Rand(rows * in, 7);
   std::vector<uint16_t> w16(w.size());
   for (size_t i = 0; i < w.size(); ++i) w16[i] = FloatToBF16(w[i]);
-  // 2, 3: Q8_0, Q4_0 weights widened to fp32; 4, 5: the same with x rounded to int8 blocks.
-  const GgmlType qtype = format == 3 || format == 5 ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
+  // 2, 3: Q8_0, Q4_0 weights with x rounded to int8 blocks (the decoder's block products).
+  const GgmlType qtype = format == 3 ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
   const size_t q_row = GgmlRowBytes(qtype, in);
   std::vector<uint8_t> q(out * q_row);
   for (int64_t o = 0; o < out; ++o) QuantizeRow(qtype, w.data() + o * in, in, q.data() + o * q_row);
@@ -201,18 +201,12 @@ void BM_DecodeProduct(benchmark::State& s) {
       else
         cpu::LinearForwardFew(x.data(), w16.data(), y.data(), rows, in, out);
       bytes = 2.0 * in * out;
-    } else if (format == 2) {
-      cpu::LinearForwardQ8_0(x.data(), q.data(), y.data(), rows, in, out);
-      bytes = double(q.size());
-    } else if (format == 3) {
-      cpu::LinearForwardQ4_0(x.data(), q.data(), y.data(), rows, in, out);
-      bytes = double(q.size());
     } else {
       cpu::LinearForwardBlocksInt8(qtype, x.data(), q.data(), y.data(), rows, in, out);
       bytes = double(q.size());
     }
   }
-  static const char* kLabels[] = {"fp32", "bf16", "q8_0", "q4_0", "q8_0 x int8", "q4_0 x int8"};
+  static const char* kLabels[] = {"fp32", "bf16", "q8_0 x int8", "q4_0 x int8"};
   s.SetLabel(kLabels[format]);
   s.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   s.counters["FLOP/s"] =
@@ -220,7 +214,7 @@ void BM_DecodeProduct(benchmark::State& s) {
 }
 BENCHMARK(BM_DecodeProduct)
     ->ArgNames({"format", "rows"})
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 8}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 8}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -936,40 +936,6 @@ bool QuantizeRows(GgmlType type, const std::vector<float>& w, int64_t in, std::v
   return true;
 }
 
-// The block products (cpu::LinearForwardQ8_0, cpu::LinearForwardQ4_0) against double-precision dot
-// products with the dequantized weights: 1 to 17 rows (the AVX-512 path's passes of 8 and their
-// remainders), widths of one and of many blocks, an odd number of output rows (tolerance 1e-5 of
-// the sum of |terms|: fp32 accumulation; under the ctest caps also the SSE4.2 and AVX2 levels'
-// plain loops).
-TEST(Kernels, BlockProductsEqualTheDotProductsWithDequantizedWeights) {
-  for (const GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0})
-    for (const int64_t in : {32, 1536}) {
-      SCOPED_TRACE(GgmlTypeOf(type).name);
-      const int64_t out = 29;
-      const std::vector<float> w = RandomVec(out * in, 41);
-      std::vector<uint8_t> q;
-      std::vector<float> wd;
-      ASSERT_TRUE(QuantizeRows(type, w, in, &q, &wd));
-      for (const int64_t N : {1, 2, 5, 8, 9, 17}) {
-        const std::vector<float> x = RandomVec(N * in, 42 + N);
-        std::vector<float> y(N * out);
-        if (type == GgmlType::kQ8_0)
-          cpu::LinearForwardQ8_0(x.data(), q.data(), y.data(), N, in, out);
-        else
-          cpu::LinearForwardQ4_0(x.data(), q.data(), y.data(), N, in, out);
-        for (int64_t t = 0; t < N; ++t)
-          for (int64_t o = 0; o < out; ++o) {
-            double want = 0, mag = 0;
-            for (int64_t j = 0; j < in; ++j) {
-              want += static_cast<double>(x[t * in + j]) * wd[o * in + j];
-              mag += std::abs(static_cast<double>(x[t * in + j]) * wd[o * in + j]);
-            }
-            EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
-          }
-      }
-    }
-}
-
 // The decoder's block products (cpu::LinearForwardBlocksInt8): x rounded to int8 blocks as ggml's
 // Q8_0 (d = max|x| / 127, round half away from zero), then per block the integer dot product with
 // the weight codes and both scales: against the same in double precision, with the rounding done

@@ -45,8 +45,8 @@ namespace st {
 // layer scalars) stay fp32. Block storage (`BlockStorage`, `generate --weights-dtype q8_0|q4_0`)
 // holds each matrix as ggml's Q8_0 or Q4_0 blocks (kernels/cpu/quant.h: 34 or 18 bytes per 32
 // weights, 1.9x or 3.6x fewer than bf16), quantized here from the source's values (adapters merged
-// first); its products (cpu::LinearForwardQ8_0/Q4_0) widen the codes in registers, so activations
-// stay fp32.
+// first); its products (cpu::LinearForwardBlocksInt8) round the activations to int8 blocks and
+// take integer dot products, as llama.cpp does.
 class DecodeWeights {
  public:
   struct BlockStorage {

@@ -57,8 +57,6 @@ struct KernelTable {
   decltype(&LinearForwardBf16) linear_forward_bf16;
   void (*linear_forward_few_f32)(const float*, const float*, float*, int64_t, int64_t, int64_t);
   void (*linear_forward_few_bf16)(const float*, const uint16_t*, float*, int64_t, int64_t, int64_t);
-  decltype(&LinearForwardQ8_0) linear_forward_q8_0;
-  decltype(&LinearForwardQ4_0) linear_forward_q4_0;
 };
 
 namespace v2 {

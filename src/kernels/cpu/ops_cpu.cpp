@@ -172,14 +172,5 @@ void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, in
                       int64_t out) {
   Kernels().linear_forward_few_bf16(x, w, y, N, in, out);
 }
-void LinearForwardQ8_0(const float* x, const uint8_t* w, float* y, int64_t N, int64_t in,
-                       int64_t out) {
-  Kernels().linear_forward_q8_0(x, w, y, N, in, out);
-}
-
-void LinearForwardQ4_0(const float* x, const uint8_t* w, float* y, int64_t N, int64_t in,
-                       int64_t out) {
-  Kernels().linear_forward_q4_0(x, w, y, N, in, out);
-}
 
 }  // namespace st::cpu

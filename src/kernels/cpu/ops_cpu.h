@@ -46,19 +46,6 @@ void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64
 void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                       int64_t out);
 
-// y[N,out] = x[N,in] . w[out,in]^T with w in ggml's Q8_0 blocks (kernels/cpu/quant.h: per 32
-// weights an fp16 scale d and 32 int8 q, weight = d * q; a row is in / 32 blocks of 34 bytes, in a
-// multiple of 32): each weight row is read once for all N rows of x, the int8 values widened to
-// fp32 on the fly and each block's dot product scaled by its d. Decoding from 8.5-bit weights
-// reads 1.9x fewer bytes than bf16.
-void LinearForwardQ8_0(const float* x, const uint8_t* w, float* y, int64_t N, int64_t in,
-                       int64_t out);
-// The same with w in ggml's Q4_0 blocks (per 32 weights an fp16 scale d and 16 bytes of nibbles q,
-// weight = d * (q - 8), the block's first 16 values in the low nibbles; 18 bytes per block, 3.6x
-// fewer than bf16).
-void LinearForwardQ4_0(const float* x, const uint8_t* w, float* y, int64_t N, int64_t in,
-                       int64_t out);
-
 // y[N,out] = x[N,in] . w[out,in]^T with w in Q8_0 or Q4_0 blocks and x rounded to int8 blocks
 // first, as ggml's Q8_0 rounds them (per 32 values d = max|x| / 127, codes round(x / d), d kept in
 // fp32): per block an integer dot product of the codes, scaled by the two d (llama.cpp's

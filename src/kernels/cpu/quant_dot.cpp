@@ -2,9 +2,9 @@
 // blocks first, as llama.cpp computes them (ggml's vec_dot_q8_0_q8_0 and vec_dot_q4_0_q8_0): per
 // block one integer dot product of 32 codes, scaled by the weight block's and the activation
 // block's scales. With AVX512-VNNI (VPDPBUSD: 32 unsigned x signed byte products summed into eight
-// int32 per instruction on 256-bit registers) this does a block in about a quarter of the
-// instructions that widening the codes to fp32 takes (ops_isa.inc's LinearForwardQ8_0), so decoding
-// from 8- and 4-bit weights stops being bound by arithmetic before memory.
+// int32 per instruction on 256-bit registers) this takes far fewer instructions a block than
+// widening the codes to fp32 against fp32 activations (the decoder's products before; measured in
+// docs/gguf.md), which left decoding from 8- and 4-bit weights bound by arithmetic, not memory.
 //
 // The VNNI code is compiled under its own `#pragma GCC target` (avx512vnni is not part of any
 // x86-64 level) and has internal linkage only, so none of its instantiations can be picked by the
@@ -60,10 +60,6 @@ struct Int8Rows {
   }
 };
 
-int64_t BlockBytes(GgmlType t) {
-  return t == GgmlType::kQ4_0 ? 18 : 34;
-}
-
 inline float BlockScale(const uint8_t* blk) {
   uint16_t h;
   std::memcpy(&h, blk, 2);
@@ -74,7 +70,7 @@ inline float BlockScale(const uint8_t* blk) {
 // two scales.
 void ProductPlain(GgmlType type, const Int8Rows& a, const uint8_t* w, float* y, int64_t N,
                   int64_t in, int64_t out) {
-  const int64_t blocks = in / kBlock, bb = BlockBytes(type), row_bytes = blocks * bb;
+  const int64_t blocks = in / kBlock, bb = GgmlTypeOf(type).block_bytes, row_bytes = blocks * bb;
   const bool q4 = type == GgmlType::kQ4_0;
 #pragma omp parallel for schedule(static) if (out * in > (1 << 15))
   for (int64_t o = 0; o < out; ++o) {
