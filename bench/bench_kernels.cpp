@@ -181,8 +181,11 @@ void BM_DecodeProduct(benchmark::State& s) {
   const std::vector<float> w = Rand(out * in, 6), x = Rand(rows * in, 7);
   std::vector<uint16_t> w16(w.size());
   for (size_t i = 0; i < w.size(); ++i) w16[i] = FloatToBF16(w[i]);
-  // 2, 3: Q8_0, Q4_0 weights with x rounded to int8 blocks (the decoder's block products).
-  const GgmlType qtype = format == 3 ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
+  // 2-5: Q8_0, Q4_0, Q4_K, Q6_K weights with x rounded to int8 blocks (the decoder's block
+  // products).
+  static const GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kQ8_0,
+                                    GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+  const GgmlType qtype = kTypes[format];
   const size_t q_row = GgmlRowBytes(qtype, in);
   std::vector<uint8_t> q(out * q_row);
   for (int64_t o = 0; o < out; ++o) QuantizeRow(qtype, w.data() + o * in, in, q.data() + o * q_row);
@@ -206,7 +209,8 @@ void BM_DecodeProduct(benchmark::State& s) {
       bytes = double(q.size());
     }
   }
-  static const char* kLabels[] = {"fp32", "bf16", "q8_0 x int8", "q4_0 x int8"};
+  static const char* kLabels[] = {"fp32",        "bf16",        "q8_0 x int8",
+                                  "q4_0 x int8", "q4_k x int8", "q6_k x int8"};
   s.SetLabel(kLabels[format]);
   s.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   s.counters["FLOP/s"] =
@@ -214,7 +218,7 @@ void BM_DecodeProduct(benchmark::State& s) {
 }
 BENCHMARK(BM_DecodeProduct)
     ->ArgNames({"format", "rows"})
-    ->ArgsProduct({{0, 1, 2, 3}, {1, 8}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 8}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

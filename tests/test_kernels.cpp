@@ -939,15 +939,20 @@ bool QuantizeRows(GgmlType type, const std::vector<float>& w, int64_t in, std::v
 // The decoder's block products (cpu::LinearForwardBlocksInt8): x rounded to int8 blocks as ggml's
 // Q8_0 (d = max|x| / 127, round half away from zero), then per block the integer dot product with
 // the weight codes and both scales: against the same in double precision, with the rounding done
-// here. Under the ctest caps (x86-64-v3, v2) the plain loops run instead of AVX512-VNNI, and the
-// result is the same within fp32 summation.
+// here, for every type with a product (the K-quants' super-blocks of 256 included: one row of one
+// super-block, and rows of six). Each dispatch level runs its own code (AVX512-VNNI at v4 where
+// the CPU has it, AVX2 under the x86-64-v3 cap, the plain loops under v2), with the same integers;
+// the fp32 sums may differ in their last bits.
 TEST(Kernels, Int8BlockProductsEqualTheIntegerDotProducts) {
-  for (const GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0})
-    for (const int64_t in : {32, 1536}) {
-      SCOPED_TRACE(GgmlTypeOf(type).name);
+  for (const GgmlType type :
+       {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ4_K, GgmlType::kQ6_K})
+    for (const int64_t in : {GgmlTypeOf(type).block_elems, int64_t{1536}}) {
+      SCOPED_TRACE(std::string(GgmlTypeOf(type).name) + " on " + cpu::BlockProductPath());
+      ASSERT_TRUE(cpu::HasInt8BlockProduct(type));
       const int64_t out = 29;
       std::vector<float> w = RandomVec(out * in, 51);
       w[5] = 0;  // a zero code (Q8_0's sign trick)
+      for (int64_t j = 0; j < in; ++j) w[3 * in + j] = std::abs(w[3 * in + j]);  // min 0 (Q4_K)
       std::vector<uint8_t> q;
       std::vector<float> wd;
       ASSERT_TRUE(QuantizeRows(type, w, in, &q, &wd));
@@ -968,15 +973,22 @@ TEST(Kernels, Int8BlockProductsEqualTheIntegerDotProducts) {
         }
         for (int64_t t = 0; t < N; ++t)
           for (int64_t o = 0; o < out; ++o) {
-            double want = 0, mag = 0, exact = 0;
+            // The kernel sums unsigned codes and takes the offsets or minimums off afterwards
+            // (through x's block sums), so its fp32 rounding scales with |x| times the row's
+            // largest weight too, not only with the terms' own magnitudes: a term of zero value
+            // (Q4_0's code 8) still enters as 8 * d * x.
+            double want = 0, mag = 0, exact = 0, wmax = 0, xsum = 0;
             for (int64_t j = 0; j < in; ++j) {
               want += xr[t * in + j] * wd[o * in + j];
               mag += std::abs(xr[t * in + j] * wd[o * in + j]);
               exact += static_cast<double>(x[t * in + j]) * wd[o * in + j];
+              wmax = std::max(wmax, std::abs(static_cast<double>(wd[o * in + j])));
+              xsum += std::abs(xr[t * in + j]);
             }
-            EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
+            const double fp32 = 1e-5 * (mag + wmax * xsum);
+            EXPECT_NEAR(y[t * out + o], want, fp32) << in << " " << N << " " << t << " " << o;
             // Rounding x moves each term by at most half its block's step.
-            EXPECT_NEAR(y[t * out + o], exact, 0.5 / 127 * 30 * mag + 1e-5 * mag);
+            EXPECT_NEAR(y[t * out + o], exact, 0.5 / 127 * 30 * mag + fp32);
           }
       }
     }

@@ -46,16 +46,21 @@ void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64
 void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                       int64_t out);
 
-// y[N,out] = x[N,in] . w[out,in]^T with w in Q8_0 or Q4_0 blocks and x rounded to int8 blocks
-// first, as ggml's Q8_0 rounds them (per 32 values d = max|x| / 127, codes round(x / d), d kept in
-// fp32): per block an integer dot product of the codes, scaled by the two d (llama.cpp's
-// vec_dot_q8_0_q8_0 / vec_dot_q4_0_q8_0). AVX512-VNNI where HasVnniBlockProducts(), plain integer
-// loops elsewhere (the same integers; the fp32 sums may differ in the last bits). The decoder's
-// products for block storage (src/kernels/cpu/quant_dot.cpp).
+// y[N,out] = x[N,in] . w[out,in]^T with w in ggml blocks (Q8_0, Q4_0, Q5_0, Q4_K or Q6_K:
+// HasInt8BlockProduct) and x rounded to int8 blocks of 32 first, as ggml's Q8_0 rounds them (d =
+// max|x| / 127, codes round(x / d), d kept in fp32): per 32 values an integer dot product of the
+// codes, scaled by the weight's and x's scales, the weight's offset or minimum taken out through
+// x's sums (llama.cpp's vec_dot_q8_0_q8_0, vec_dot_q4_K_q8_K, ...; it rounds x per 256 for the
+// K-quants). AVX512-VNNI where HasVnniBlockProducts(), AVX2 at x86-64-v3, plain integer loops
+// below (the same integers; the fp32 sums may differ in the last bits): BlockProductPath() names
+// the one that runs. The decoder's products for block storage (src/kernels/cpu/quant_dot.cpp).
 void LinearForwardBlocksInt8(GgmlType type, const float* x, const uint8_t* w, float* y, int64_t N,
                              int64_t in, int64_t out);
+bool HasInt8BlockProduct(GgmlType type);
 // Whether the CPU has AVX512-VNNI and the kernels run at x86-64-v4.
 bool HasVnniBlockProducts();
+// "AVX512-VNNI", "AVX2" or "plain": the code LinearForwardBlocksInt8 runs on this CPU and level.
+const char* BlockProductPath();
 
 // Threads used by OpenMP regions and OpenBLAS for this process.
 void SetNumThreads(int n);

@@ -9,6 +9,16 @@
 
 namespace st {
 
+void Q4KScaleMin(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
 namespace {
 
 constexpr int64_t kQK = 32;    // values per block of Q8_0 and Q4_0
@@ -256,8 +266,7 @@ float FitSymmetricScale(int n, int nmax, const float* x, int8_t* L) {
   return scale;
 }
 
-void PackScaleMinK4(int j, uint8_t sc, uint8_t m, uint8_t* s);
-void ScaleMinK4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m);
+void PackQ4KScaleMin(int j, uint8_t sc, uint8_t m, uint8_t* s);
 
 // Q4_K: per super-block of 256, eight sub-blocks of 32 fitted (weights |x| + the sub-block's RMS),
 // their scales and mins quantized to 6 bits against the largest of each (fp16 d and dmin), then
@@ -285,14 +294,14 @@ void QuantizeQ4_K(const float* x, int64_t n, uint8_t* out) {
       const uint8_t ls =
           std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_scale * scales[j])));
       const uint8_t lm = std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_min * mins[j])));
-      PackScaleMinK4(j, ls, lm, packed);
+      PackQ4KScaleMin(j, ls, lm, packed);
     }
     PutHalf(out, max_scale / 63.0f);
     PutHalf(out + 2, max_min / 63.0f);
     const float d = GetHalf(out), dmin = GetHalf(out + 2);
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, m;
-      ScaleMinK4(j, packed, &sc, &m);
+      Q4KScaleMin(j, packed, &sc, &m);
       const float dj = d * static_cast<float>(sc);
       if (dj == 0) continue;  // the fit's levels stay
       const float mj = dmin * static_cast<float>(m);
@@ -351,21 +360,8 @@ void QuantizeQ6_K(const float* x, int64_t n, uint8_t* out) {
   }
 }
 
-// Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes: sub-blocks 0-3 in the
-// low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 in the nibbles of bytes 8-11 with their top
-// two bits in the high bits of bytes 0-7.
-void ScaleMinK4(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = static_cast<uint8_t>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-    *m = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
-}
-
-// The inverse of ScaleMinK4 (s zeroed first).
-void PackScaleMinK4(int j, uint8_t sc, uint8_t m, uint8_t* s) {
+// The inverse of Q4KScaleMin (s zeroed first).
+void PackQ4KScaleMin(int j, uint8_t sc, uint8_t m, uint8_t* s) {
   if (j < 4) {
     s[j] = sc;
     s[j + 4] = m;
@@ -386,9 +382,9 @@ void DequantizeQ4_K(const uint8_t* in, int64_t n, float* y) {
     const uint8_t* q = in + 16;
     for (int c = 0; c < 4; ++c, q += 32) {
       uint8_t sc, m;
-      ScaleMinK4(2 * c, scales, &sc, &m);
+      Q4KScaleMin(2 * c, scales, &sc, &m);
       const float d1 = d * sc, m1 = dmin * m;
-      ScaleMinK4(2 * c + 1, scales, &sc, &m);
+      Q4KScaleMin(2 * c + 1, scales, &sc, &m);
       const float d2 = d * sc, m2 = dmin * m;
       for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
       for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;

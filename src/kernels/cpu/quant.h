@@ -52,4 +52,9 @@ bool QuantizeRow(GgmlType t, const float* x, int64_t n, void* out);
 // The n values of one stored row back to fp32 (every type of GgmlTypeOf, the K-quants included).
 void DequantizeRow(GgmlType t, const void* in, int64_t n, float* out);
 
+// Q4_K's 6-bit scale and min of sub-block j (0..7) from a super-block's 12 packed bytes: sub-blocks
+// 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 in the nibbles of bytes 8-11 with
+// their top two bits in the high bits of bytes 0-7.
+void Q4KScaleMin(int j, const uint8_t* scales, uint8_t* sc, uint8_t* m);
+
 }  // namespace st
