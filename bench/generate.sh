@@ -9,7 +9,7 @@
 #   SAVE_DTYPE=fp32 bench/generate.sh  # the same checkpoint in fp32
 #   MODEL=/path/to/hf_model_dir PROMPT_LEN=520 NEW=64 bench/generate.sh
 #   COMPILE=1 bench/generate.sh        # also the peer's static cache + torch.compile
-#   EXTRA_WEIGHTS="" bench/generate.sh # without the --weights-dtype q8_0 and q4_0 runs
+#   EXTRA_WEIGHTS="" bench/generate.sh # without the --weights-dtype q8_0, q4_0 and q4_k_m runs
 #   LLAMA_CPP_FORMATS="bf16 q8_0" bench/generate.sh  # llama.cpp on these GGUF exports (default: the
 #                                      # EXTRA_WEIGHTS formats; skipped without llama-cpp-python)
 # THREADS (default: all CPUs) applies to both; REPEATS (3) runs each, the median is printed.
@@ -64,9 +64,9 @@ pre="$(while read -r l; do echo "$l" | field prefill_s; done < "$tmp/runs" | med
 toks="$(head -1 "$tmp/runs" | "$py" -c "import json,sys; print(','.join(map(str, json.loads(sys.stdin.read())['token_ids'])))")"
 made="$(head -1 "$tmp/runs" | field new_tokens)"
 echo "slicetrain cache=yes new_tokens=$made prefill_s=$pre decode_tokens/s=$tps decode_GFLOP/s=$gfs"
-# The same run with the matrices held as Q8_0 or Q4_0 blocks (--weights-dtype q8_0|q4_0), and how
+# The same run with the matrices held as Q8_0 or Q4_0 blocks or the Q4_K_M mixture (--weights-dtype q8_0|q4_0|q4_k_m), and how
 # many of its greedy tokens equal the line above's before the first difference.
-for w in ${EXTRA_WEIGHTS-q8_0 q4_0}; do
+for w in ${EXTRA_WEIGHTS-q8_0 q4_0 q4_k_m}; do
   run "$new" --weights-dtype "$w"
   tps_w="$(while read -r l; do echo "$l" | field decode_tokens_per_s; done < "$tmp/runs" | median)"
   gfs_w="$(while read -r l; do echo "$l" | field decode_gflop_per_s; done < "$tmp/runs" | median)"
@@ -78,7 +78,7 @@ done
 # the block formats above), decoded by llama-cpp-python (tools/requirements-llama.txt) with the same
 # prompt and threads. A layout llama.cpp cannot run (gemma4-small's KV sharing) is named and skipped.
 if "$py" -c "import llama_cpp" 2>/dev/null; then
-  for w in ${LLAMA_CPP_FORMATS-${EXTRA_WEIGHTS-q8_0 q4_0}}; do
+  for w in ${LLAMA_CPP_FORMATS-${EXTRA_WEIGHTS-q8_0 q4_0 q4_k_m}}; do
     if ! err="$("$bin" export --model-id "$model" --format gguf --quant "$w" --output "$tmp/model_$w.gguf" 2>&1)"; then
       echo "peer=llama.cpp file=$w skipped: $(echo "$err" | grep -m1 error)"
       continue

@@ -221,6 +221,8 @@ const Case kCases[] = {
      "unk_token '<nope>' is not in the vocabulary"},
     {"tokenizer_missing", "{bin} tokenize --tokenizer {bad}/tokenizer/no_such.json --text hi", 1,
      "no_such.json"},
+    {"finetune_tokenizer_missing", "{ft} --tokenizer {bad}/tokenizer/no_such.json", 1,
+     "--tokenizer " ST_SOURCE_DIR},
     {"finetune_tokenizer_merge_of_unknown_token",
      "{ft} --tokenizer {bad}/tokenizer/merge_of_unknown_token.json", 2,
      "merge 0 uses a token missing from the vocabulary"},

@@ -4,7 +4,9 @@
 // tools/check_gguf.py against llama.cpp itself (docs/gguf.md has its figures).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,7 +22,9 @@
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
+#include "kernels/cpu/quant.h"
 #include "model/config.h"
+#include "model/decode.h"
 #include "model/lora.h"
 #include "model/params.h"
 #include "model/weights.h"
@@ -635,6 +639,215 @@ TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
       test::RunCommand(kBin + " export --model-id " + model + " --output " + dir + "/hf");
   EXPECT_EQ(hf.code, 2) << hf.out;
   EXPECT_NE(hf.out.find("--adapter"), std::string::npos) << hf.out;
+  fs::remove_all(dir);
+}
+
+// A GGUF model read back (io/gguf_model.h): the config from the metadata is the exported model's,
+// each tensor is stored in the type the export chose and reads back as its stored values (ranges
+// that start and end inside rows included), vectors exactly.
+TEST(GgufModel, ConfigAndTensorsReadBackFromAnExport) {
+  const Gemma4Config cfg = LlamaCppTiny();
+  const LoadedModel m = PresetModel(cfg);
+  const std::string dir = test::TempDir("gguf_model_read");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.weight_type = GgmlType::kQ4_K;
+  o.q4_k_m = true;
+  o.tokenizer_dir = kTokenizer;
+  o.name = "tiny";
+  ASSERT_TRUE(ExportGguf(m, o).ok());
+  StatusOr<LoadedModel> g = LoadModel(o.output, 0);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const Gemma4Config& c = g->config;
+  EXPECT_EQ(c.num_hidden_layers, cfg.num_hidden_layers);
+  EXPECT_EQ(c.hidden_size, cfg.hidden_size);
+  EXPECT_EQ(c.intermediate_size, cfg.intermediate_size);
+  EXPECT_EQ(c.use_double_wide_mlp, cfg.use_double_wide_mlp);
+  EXPECT_EQ(c.num_attention_heads, cfg.num_attention_heads);
+  EXPECT_EQ(c.num_key_value_heads, cfg.num_key_value_heads);
+  EXPECT_EQ(c.head_dim, cfg.head_dim);
+  EXPECT_EQ(c.global_head_dim, cfg.global_head_dim);
+  EXPECT_EQ(c.hidden_size_per_layer_input, cfg.hidden_size_per_layer_input);
+  EXPECT_EQ(c.vocab_size, cfg.vocab_size);
+  EXPECT_EQ(c.vocab_size_per_layer_input, cfg.vocab_size_per_layer_input);
+  EXPECT_EQ(c.num_kv_shared_layers, cfg.num_kv_shared_layers);
+  EXPECT_EQ(c.sliding_window, cfg.sliding_window);
+  EXPECT_EQ(c.layer_types, cfg.layer_types);
+  EXPECT_EQ(c.max_position_embeddings, cfg.max_position_embeddings);
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rms_norm_eps), static_cast<float>(cfg.rms_norm_eps));
+  EXPECT_FLOAT_EQ(static_cast<float>(c.final_logit_softcapping),
+                  static_cast<float>(cfg.final_logit_softcapping));
+  EXPECT_EQ(c.rope_full.rope_type, "proportional");
+  EXPECT_DOUBLE_EQ(c.rope_full.partial_rotary_factor, cfg.rope_full.partial_rotary_factor);
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rope_full.theta), static_cast<float>(cfg.rope_full.theta));
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rope_sliding.theta),
+                  static_cast<float>(cfg.rope_sliding.theta));
+  EXPECT_EQ(c.bos_token_id, 2);
+  ASSERT_EQ(g->registry.layout.total(), m.registry.layout.total());
+
+  const std::vector<GgmlType> types =
+      GgufMatrixTypes(m.registry, cfg.num_hidden_layers, GgufQuant{GgmlType::kQ4_K, true});
+  for (int e = 0; e < m.registry.base_entries; ++e) {
+    const ArenaEntry& a = m.registry.layout.entry(e);
+    SCOPED_TRACE(a.name);
+    const std::optional<WeightSource::StoredBlocks> st = g->weights->StoredGgml(e);
+    ASSERT_TRUE(st.has_value());
+    std::vector<float> want(static_cast<size_t>(a.numel));
+    m.weights->ReadAll(e, want.data());
+    if (a.shape.size() < 2) {
+      EXPECT_EQ(st->type, GgmlType::kF32);
+      std::vector<float> got(want.size());
+      g->weights->ReadAll(e, got.data());
+      EXPECT_EQ(got, want);
+      continue;
+    }
+    EXPECT_EQ(st->type, types[static_cast<size_t>(e)]);
+    const int64_t cols = a.shape[1];
+    const size_t row_bytes = GgmlRowBytes(st->type, cols);
+    std::vector<float> stored(want.size());
+    for (int64_t r = 0; r < a.shape[0]; ++r)
+      DequantizeRow(st->type, st->data + r * row_bytes, cols, stored.data() + r * cols);
+    const int64_t begin = cols / 2 + 3, count = std::min<int64_t>(a.numel - begin, 2 * cols + 5);
+    std::vector<float> got(static_cast<size_t>(count));
+    g->weights->Read(e, begin, count, got.data());
+    EXPECT_EQ(got, std::vector<float>(stored.begin() + begin, stored.begin() + begin + count));
+  }
+}
+
+// A GGUF file's quantized matrices are decoded as stored: the file's blocks are the bytes that
+// quantizing the model's values on load gives (the same quantizers), so a decoder on the file and
+// one on the preset quantized on load (with the per-layer table, which decoding reads row by row
+// from the source, given the file's quantized values) hold the same bytes and compute the same
+// logits, step after step.
+TEST(GgufModel, DecodesTheFilesBlocksAsStored) {
+  const Gemma4Config cfg = LlamaCppTiny();
+  const LoadedModel m = PresetModel(cfg);
+  const std::string dir = test::TempDir("gguf_model_decode");
+  GgufExportOptions o;
+  o.output = dir + "/m.gguf";
+  o.weight_type = GgmlType::kQ4_K;
+  o.q4_k_m = true;
+  o.tokenizer_dir = kTokenizer;
+  o.name = "tiny";
+  ASSERT_TRUE(ExportGguf(m, o).ok());
+  StatusOr<LoadedModel> g = LoadModel(o.output, 0);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+
+  DecodeWeights::BlockStorage stored;
+  stored.types.assign(static_cast<size_t>(g->registry.layout.size()), GgmlType::kF32);
+  for (int e = 0; e < g->registry.base_entries; ++e)
+    if (g->registry.layout.entry(e).shape.size() == 2)
+      stored.types[static_cast<size_t>(e)] = g->weights->StoredGgml(e)->type;
+  const DecodeWeights from_file(g->registry, *g->weights, stored);
+
+  AlignedBuffer params = MaterializeParams(m);
+  const ArenaEntry& ple = m.registry.layout.entry(m.registry.embed_tokens_per_layer);
+  g->weights->ReadAll(m.registry.embed_tokens_per_layer, params.data() + ple.offset);
+  const ArenaWeights preset(m.registry, params.data());
+  DecodeWeights::BlockStorage mixture;
+  mixture.types =
+      GgufMatrixTypes(m.registry, cfg.num_hidden_layers, GgufQuant{GgmlType::kQ4_K, true});
+  const DecodeWeights on_load(m.registry, preset, mixture);
+  EXPECT_EQ(mixture.types, stored.types);
+  for (int e = 0; e < m.registry.base_entries; ++e) {
+    const ArenaEntry& a = m.registry.layout.entry(e);
+    if (from_file.blocks(e) == nullptr) continue;
+    SCOPED_TRACE(a.name);
+    ASSERT_NE(on_load.blocks(e), nullptr);
+    const size_t bytes = GgmlRowBytes(from_file.block_type(e), a.shape[1]) * a.shape[0];
+    EXPECT_EQ(std::memcmp(from_file.blocks(e), on_load.blocks(e), bytes), 0);
+  }
+
+  Gemma4Decoder a(g->config, g->registry, from_file, 64, 8);
+  Gemma4Decoder b(cfg, m.registry, on_load, 64, 8);
+  std::vector<int32_t> ids = {2, 105, 2364, 107, 7, 99, 1234, 4321, 17};
+  std::vector<float> la(static_cast<size_t>(cfg.vocab_size)), lb(la.size());
+  ASSERT_TRUE(a.Append(ids, la.data()).ok());
+  ASSERT_TRUE(b.Append(ids, lb.data()).ok());
+  for (int step = 0; step < 12; ++step) {
+    EXPECT_EQ(la, lb) << "step " << step;
+    const int32_t next = static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
+    ASSERT_TRUE(a.Append({&next, 1}, la.data()).ok());
+    ASSERT_TRUE(b.Append({&next, 1}, lb.data()).ok());
+  }
+  fs::remove_all(dir);
+}
+
+// The commands on a GGUF model: `generate` on an f32 export gives the preset's tokens (the config
+// read back from the metadata is the model's), and runs on a q4_k_m export with the file's own
+// vocabulary as its tokenizer; `evaluate` gives the preset's loss on the f32 export; finetune
+// refuses GGUF with one line.
+TEST(GgufModel, CommandsReadTheFile) {
+  const std::string dir = test::TempDir("gguf_model_cli");
+  for (const char* quant : {"f32", "q4_k_m"}) {
+    const test::Ran ex =
+        test::RunCommand(kBin + " export --model-id gemma4-tiny --format gguf " + "--quant " +
+                         quant + " --output " + dir + "/" + quant + ".gguf");
+    ASSERT_EQ(ex.code, 0) << ex.out;
+  }
+  const std::string gen =
+      " generate --threads 1 --max-new-tokens 12 --json --prompt "
+      "'Name three colors' --tokenizer " +
+      kTokenizer + " --model-id ";
+  const test::Ran from_file = test::RunCommand(kBin + gen + dir + "/f32.gguf");
+  ASSERT_EQ(from_file.code, 0) << from_file.out;
+  const test::Ran preset = test::RunCommand(kBin + gen + "gemma4-tiny --weights-dtype fp32");
+  ASSERT_EQ(preset.code, 0) << preset.out;
+  const nlohmann::json a = nlohmann::json::parse(from_file.out, nullptr, false);
+  const nlohmann::json b = nlohmann::json::parse(preset.out, nullptr, false);
+  ASSERT_TRUE(a.is_object() && b.is_object()) << from_file.out << preset.out;
+  EXPECT_EQ(a["token_ids"], b["token_ids"]);
+  EXPECT_EQ(a["token_ids"].size(), 12u);
+  const test::Ran own = test::RunCommand(kBin +
+                                         " generate --threads 1 --max-new-tokens 4 --json "
+                                         "--prompt hi --model-id " +
+                                         dir + "/q4_k_m.gguf");
+  ASSERT_EQ(own.code, 0) << own.out;
+  EXPECT_GT(nlohmann::json::parse(own.out, nullptr, false).value("new_tokens", 0), 0) << own.out;
+
+  const std::string eval = " evaluate --data-dir " ST_SOURCE_DIR
+                           "/data --dataset-split 'train[:8]' --max-seq-len 64 --json "
+                           "--tokenizer " +
+                           kTokenizer + " --model-id ";
+  const test::Ran ef = test::RunCommand(kBin + eval + dir + "/f32.gguf");
+  ASSERT_EQ(ef.code, 0) << ef.out;
+  const test::Ran ep = test::RunCommand(kBin + eval + "gemma4-tiny");
+  ASSERT_EQ(ep.code, 0) << ep.out;
+  const nlohmann::json jf = nlohmann::json::parse(ef.out, nullptr, false);
+  const nlohmann::json jp = nlohmann::json::parse(ep.out, nullptr, false);
+  ASSERT_TRUE(jf.is_object() && jp.is_object()) << ef.out << ep.out;
+  EXPECT_NEAR(jf["loss"].get<double>(), jp["loss"].get<double>(), 1e-5);
+  const test::Ran ft = test::RunCommand(kBin + " finetune --model-id " + dir + "/f32.gguf");
+  EXPECT_NE(ft.code, 0);
+  EXPECT_NE(ft.out.find("is a GGUF file"), std::string::npos) << ft.out;
+  fs::remove_all(dir);
+}
+
+// A GGUF file that is not a gemma4 model, or lacks a tensor, is one line.
+TEST(GgufModel, OtherFilesAreOneLineEach) {
+  const std::string dir = test::TempDir("gguf_model_bad");
+  auto write = [&](const std::string& name, const std::string& arch, bool with_tensor) {
+    GgufWriter w;
+    w.Set("general.architecture", GgufValue::String(arch));
+    if (with_tensor) {
+      EXPECT_TRUE(w.AddTensor("token_embd.weight", {4, 8}, GgmlType::kF32).ok());
+    }
+    const std::string path = dir + "/" + name;
+    EXPECT_TRUE(w.Write(path, [](size_t, const GgufWriter::PutFn& put) {
+                   std::vector<float> z(32, 0.0f);
+                   return put(z.data(), z.size() * sizeof(float));
+                 }).ok());
+    EXPECT_TRUE(w.Commit().ok());
+    return path;
+  };
+  const StatusOr<LoadedModel> llama = LoadModel(write("llama.gguf", "llama", true), 0);
+  ASSERT_FALSE(llama.ok());
+  EXPECT_NE(llama.status().message().find("'llama' model"), std::string::npos)
+      << llama.status().message();
+  const StatusOr<LoadedModel> bare = LoadModel(write("bare.gguf", "gemma4", false), 0);
+  ASSERT_FALSE(bare.ok());
+  EXPECT_NE(bare.status().message().find("gemma4.block_count"), std::string::npos)
+      << bare.status().message();
   fs::remove_all(dir);
 }
 

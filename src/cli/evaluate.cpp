@@ -191,7 +191,8 @@ Status Run(const EvaluateArgs& a) {
 void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   auto a = std::make_shared<EvaluateArgs>();
   auto* cmd = app.add_subcommand("evaluate", "Loss and perplexity of a checkpoint on a data set");
-  cmd->add_option("--model-id", a->model_id, "Checkpoint / HF model directory or preset")
+  cmd->add_option("--model-id", a->model_id,
+                  "Checkpoint / HF model directory, a gemma4 GGUF file, or a preset")
       ->required();
   cmd->add_option("--adapter", a->adapter,
                   "PEFT LoRA adapter directory (a --lora-rank checkpoint, or one PEFT saved) "

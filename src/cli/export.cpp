@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "data/tokenizer.h"
 #include "io/files.h"
 #include "io/gguf_export.h"
 #include "io/hf_model.h"
@@ -173,12 +174,8 @@ Status Run(const ExportArgs& a) {
   ST_RETURN_IF_ERROR(WriteMergedModel(m, a.output, dtype, max_shard));
   // The tokenizer: the adapter's (a slicetrain checkpoint has one), else the base's.
   for (const std::string& dir : {a.adapter, model_id}) {
-    if (!fs::exists(fs::path(dir) / "tokenizer.json", ec) &&
-        !fs::exists(fs::path(dir) / "tokenizer.model", ec) &&
-        !fs::exists(fs::path(dir) / "tokenizer.gguf", ec))
-      continue;
-    for (const char* f :
-         {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tokenizer.gguf"})
+    if (!HasTokenizerFiles(dir)) continue;
+    for (const std::string& f : kTokenizerFiles)
       if (fs::exists(fs::path(dir) / f, ec))
         fs::copy_file(fs::path(dir) / f, fs::path(a.output) / f,
                       fs::copy_options::overwrite_existing, ec);

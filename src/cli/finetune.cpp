@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "data/hub_dataset.h"
 #include "io/files.h"
+#include "io/gguf.h"
 #include "io/model_loader.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -376,6 +377,17 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     const bool needed = a.o.dataset.empty() ||
                         (a.o.tokenizer.empty() && !std::filesystem::is_directory(a.o.model_id, ec));
     ST_ASSIGN_OR_RETURN(a.o.data_dir, BundledDataDir(a.o.data_dir, needed));
+    if (std::filesystem::is_regular_file(a.o.model_id, ec) && IsGgufFile(a.o.model_id))
+      return InvalidArgument(StrCat(
+          "--model-id ", a.o.model_id,
+          " is a GGUF file: generate, chat and evaluate read GGUF models, finetune does not; "
+          "fine-tune the Hugging Face model (or a slicetrain checkpoint) it was made from"));
+    // A --tokenizer that is not there: one line now, not one per worker after the setup lines.
+    if (!a.o.tokenizer.empty() && !std::filesystem::exists(a.o.tokenizer, ec))
+      return NotFound(
+          StrCat("--tokenizer ", a.o.tokenizer,
+                 ": no such file or directory (pass tokenizer.json, a directory holding "
+                 "it, or a GGUF file)"));
   }
   {
     // The memory plan: --activation-checkpointing auto resolved to the least recomputation that

@@ -30,7 +30,9 @@ struct GenerateArgs {
 };
 
 void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
-  cmd->add_option("--model-id", a->model_id, "Checkpoint / HF model directory, hub id or preset")
+  cmd->add_option("--model-id", a->model_id,
+                  "Checkpoint / HF model directory, hub id, a gemma4 GGUF file (its quantized "
+                  "matrices decoded as stored, its vocabulary the default tokenizer) or preset")
       ->required();
   cmd->add_option("--adapter", a->adapter,
                   "PEFT LoRA adapter directory (a --lora-rank checkpoint, or one PEFT saved), "
@@ -66,8 +68,10 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
                   "How the weight matrices are held: auto (bf16 for a bf16 checkpoint without "
                   "--adapter, else fp32), fp32, bf16 (half the memory and bytes per token; "
                   "arithmetic is fp32 either way), q8_0 or q4_0 (ggml's 8- and 4-bit blocks, "
-                  "quantized on load: 1.9x and 3.6x fewer bytes than bf16; multiplied as "
-                  "llama.cpp does, the activations rounded to int8 blocks)")
+                  "quantized on load: 1.9x and 3.6x fewer bytes than bf16), q4_k_m "
+                  "(llama-quantize's Q4_K_M mixture of 4- and 6-bit super-blocks, as export "
+                  "--quant q4_k_m writes it); the quantized ones are multiplied as llama.cpp "
+                  "does, the activations rounded to int8 blocks")
       ->capture_default_str();
   cmd->add_option("--precision", a->precision,
                   "fp32, bf16 or auto: the prompt's matrix products (bf16: activations rounded "

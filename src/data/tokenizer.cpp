@@ -41,6 +41,13 @@ std::optional<std::string> TokenField(const nlohmann::json& j, const char* key) 
 
 }  // namespace
 
+bool HasTokenizerFiles(const std::string& dir) {
+  std::error_code ec;
+  for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer.gguf"})
+    if (fs::is_regular_file(fs::path(dir) / f, ec)) return true;
+  return false;
+}
+
 StatusOr<Tokenizer> Tokenizer::Load(const std::string& path) {
   std::error_code ec;
   std::string json_path, model_path, config_path;

@@ -39,6 +39,14 @@ class TokenizerBackend {
   virtual std::string kind() const = 0;
 };
 
+// The files of a tokenizer directory, as Tokenizer::Load reads them (tokenizer.json, else
+// tokenizer.model, else tokenizer.gguf; tokenizer_config.json beside the first two): what a
+// checkpoint or an export copies, and what a directory's checksums may list.
+inline const std::vector<std::string> kTokenizerFiles = {"tokenizer.json", "tokenizer_config.json",
+                                                         "tokenizer.model", "tokenizer.gguf"};
+// Whether directory dir holds a tokenizer Tokenizer::Load reads.
+bool HasTokenizerFiles(const std::string& dir);
+
 class Tokenizer {
  public:
   // path: a directory holding tokenizer.json (or tokenizer.model) and optionally

@@ -129,6 +129,39 @@ int64_t GgufLayer(const std::string& name) {
   return std::strtoll(name.c_str() + 4, nullptr, 10);
 }
 
+}  // namespace
+
+std::vector<GgmlType> GgufMatrixTypes(const ParamRegistry& reg, int64_t num_layers,
+                                      const GgufQuant& quant) {
+  std::vector<GgmlType> types(static_cast<size_t>(reg.layout.size()), GgmlType::kF32);
+  // llama-quantize counts the attention values in its order (by layer, then by name).
+  std::vector<int64_t> v_layers;
+  for (int e = 0; e < reg.base_entries; ++e) {
+    const std::string name = GgufTensorName(reg.layout.entry(e).name);
+    if (name.find("attn_v.weight") != std::string::npos) v_layers.push_back(GgufLayer(name));
+  }
+  std::sort(v_layers.begin(), v_layers.end());
+  for (int e = 0; e < reg.base_entries; ++e) {
+    const ArenaEntry& en = reg.layout.entry(e);
+    if (en.shape.size() < 2) continue;
+    const int64_t cols = en.shape.back();
+    GgmlType& t = types[static_cast<size_t>(e)];
+    if (!quant.q4_k_m) {
+      t = StoredType(quant.type, cols);
+      continue;
+    }
+    const std::string name = GgufTensorName(en.name);
+    const int64_t layer = GgufLayer(name);
+    const bool v = name.find("attn_v.weight") != std::string::npos;
+    const int64_t index =
+        v ? std::lower_bound(v_layers.begin(), v_layers.end(), layer) - v_layers.begin() : layer;
+    t = Q4KMType(name, cols, index, v ? static_cast<int64_t>(v_layers.size()) : num_layers);
+  }
+  return types;
+}
+
+namespace {
+
 // One planned tensor of the file.
 struct Planned {
   std::string gguf_name;
@@ -592,6 +625,7 @@ StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOpti
   // The tensors, in the order llama.cpp's converter writes them: rope_freqs, then the model's
   // tensors sorted by name.
   const ParamRegistry base = BuildParamRegistry(cfg);
+  const std::vector<GgmlType> types = GgufMatrixTypes(base, L, {o.weight_type, o.q4_k_m});
   std::vector<Planned> plan;
   {
     Planned rope;
@@ -615,28 +649,8 @@ StatusOr<GgufExportReport> ExportGguf(const LoadedModel& m, const GgufExportOpti
     p.rows = en.numel / std::max<int64_t>(p.cols, 1);
     p.ne.assign(en.shape.rbegin(), en.shape.rend());
     report.parameters += en.numel;
-    if (en.shape.size() < 2) {
-      p.type = GgmlType::kF32;
-    } else {
-      p.type = StoredType(o.weight_type, p.cols);
-    }
+    p.type = types[static_cast<size_t>(e)];
     plan.push_back(std::move(p));
-  }
-  if (o.q4_k_m) {
-    // llama-quantize counts the attention values in its order (by layer, then by name).
-    std::vector<int64_t> v_layers;
-    for (const Planned& p : plan)
-      if (p.gguf_name.find("attn_v.weight") != std::string::npos)
-        v_layers.push_back(GgufLayer(p.gguf_name));
-    std::sort(v_layers.begin(), v_layers.end());
-    for (Planned& p : plan) {
-      if (p.ne.size() < 2) continue;
-      const int64_t layer = GgufLayer(p.gguf_name);
-      const bool v = p.gguf_name.find("attn_v.weight") != std::string::npos;
-      const int64_t index =
-          v ? std::lower_bound(v_layers.begin(), v_layers.end(), layer) - v_layers.begin() : layer;
-      p.type = Q4KMType(p.gguf_name, p.cols, index, v ? static_cast<int64_t>(v_layers.size()) : L);
-    }
   }
 
   GgufWriter w;

@@ -59,6 +59,13 @@ struct GgufQuant {
   bool q4_k_m = false;              // per tensor as llama-quantize's Q4_K_M (docs/gguf.md)
 };
 
+// The type each matrix of `reg` (its base entries, by registry entry; num_layers of them) is
+// stored in for `quant`: a row that is not whole blocks falls back as llama.cpp does, and q4_k_m
+// is llama-quantize's choice per matrix (docs/gguf.md). kF32 for vectors and the entries after the
+// base ones. `generate --weights-dtype` holds the decoder's matrices in the same types.
+std::vector<GgmlType> GgufMatrixTypes(const ParamRegistry& reg, int64_t num_layers,
+                                      const GgufQuant& quant);
+
 // --quant: f32, f16, bf16, q8_0, q6_k, q4_0 or q4_k_m (the other K-quant mixtures are refused
 // with what to use instead).
 StatusOr<GgufQuant> ParseGgufQuant(const std::string& name);

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "io/files.h"
+#include "io/gguf_model.h"
 #include "io/hf_model.h"
 
 namespace st {
@@ -10,6 +11,8 @@ namespace st {
 StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed, bool verify_checksums) {
   LoadedModel m;
   std::error_code ec;
+  if (std::filesystem::is_regular_file(model_id, ec) && IsGgufFile(model_id))
+    return LoadGgufModel(model_id);
   if (std::filesystem::is_directory(model_id, ec)) {
     if (!std::filesystem::exists(std::filesystem::path(model_id) / "config.json", ec) &&
         std::filesystem::exists(std::filesystem::path(model_id) / "adapter_config.json", ec))
@@ -61,7 +64,7 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed, bool
   StatusOr<Gemma4Config> preset = PresetConfig(model_id);
   if (!preset.ok()) {
     return NotFound("--model-id '" + model_id +
-                    "' is neither a local model directory nor a preset; " +
+                    "' is neither a local model directory, a GGUF file nor a preset; " +
                     preset.status().message());
   }
   m.config = std::move(preset).value();
@@ -80,7 +83,9 @@ AlignedBuffer MaterializeParams(const LoadedModel& m) {
 
 StatusOr<std::string> ResolveModelSource(const std::string& model_id, const HubOptions& hub) {
   std::error_code ec;
-  if (std::filesystem::is_directory(model_id, ec) || PresetConfig(model_id).ok()) return model_id;
+  if (std::filesystem::is_directory(model_id, ec) || PresetConfig(model_id).ok() ||
+      std::filesystem::is_regular_file(model_id, ec))  // a GGUF file (or a file LoadModel refuses)
+    return model_id;
   if (model_id.find('/') == std::string::npos || !ValidateRepoId(model_id).ok()) return model_id;
   HubClient client(hub);
   StatusOr<std::string> snapshot = client.DownloadModel(model_id);

@@ -1,6 +1,7 @@
 // Resolves --model-id into a config and a source of initial parameters: a built-in preset (seeded
-// random initialisation, as transformers would build the model from its config) or a local Hugging
-// Face model directory (config.json + safetensors, memory-mapped). Nothing is materialised here:
+// random initialisation, as transformers would build the model from its config), a local Hugging
+// Face model directory (config.json + safetensors, memory-mapped) or a GGUF file of a gemma4 model
+// (io/gguf_model.h). Nothing is materialised here:
 // each rank reads the ranges it owns from `weights`. Lives in io/ because it reads files; hub ids
 // are resolved to a local snapshot directory by io/hub.h first.
 #pragma once
@@ -37,9 +38,10 @@ StatusOr<LoadedModel> LoadModel(const std::string& model_id, uint64_t seed,
 // (`step`, benchmarks, tests); training and `evaluate` never do this.
 AlignedBuffer MaterializeParams(const LoadedModel& m);
 
-// --model-id as something LoadModel reads: a local directory or a preset name unchanged; a hub id
-// (org/name) is fetched into (or, offline, found in) the huggingface_hub cache and its snapshot
-// directory returned. Anything else is returned unchanged for LoadModel to reject.
+// --model-id as something LoadModel reads: a local directory, a file (a GGUF model) or a preset
+// name unchanged; a hub id (org/name) is fetched into (or, offline, found in) the huggingface_hub
+// cache and its snapshot directory returned. Anything else is returned unchanged for LoadModel to
+// reject.
 StatusOr<std::string> ResolveModelSource(const std::string& model_id, const HubOptions& hub);
 
 }  // namespace st

@@ -33,12 +33,12 @@ double DecodeWeights::Bytes(const ParamRegistry& reg, DType storage) {
   return n;
 }
 
-double DecodeWeights::Bytes(const ParamRegistry& reg, BlockStorage blocks) {
+double DecodeWeights::Bytes(const ParamRegistry& reg, const BlockStorage& blocks) {
   double n = 0;
   for (int e = 0; e < reg.base_entries; ++e) {
     if (IsRowsOnly(reg, e)) continue;
     const ArenaEntry& a = reg.layout.entry(e);
-    n += a.shape.size() == 2 ? static_cast<double>(GgmlRowBytes(blocks.type, a.shape[1])) *
+    n += a.shape.size() == 2 ? static_cast<double>(GgmlRowBytes(blocks.of(e), a.shape[1])) *
                                    static_cast<double>(a.shape[0])
                              : static_cast<double>(a.numel) * sizeof(float);
   }
@@ -46,21 +46,25 @@ double DecodeWeights::Bytes(const ParamRegistry& reg, BlockStorage blocks) {
 }
 
 DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source,
-                             BlockStorage blocks)
-    : storage_(DType::kF32), block_type_(blocks.type) {
-  ST_CHECK(blocks.type == GgmlType::kQ8_0 || blocks.type == GgmlType::kQ4_0)
-      << "block storage takes Q8_0 or Q4_0";
+                             const BlockStorage& blocks)
+    : storage_(DType::kF32) {
   const size_t entries = static_cast<size_t>(reg.layout.size());
   std::vector<int64_t> offset(entries, -1), block_offset(entries, -1);
+  block_types_.assign(entries, GgmlType::kF32);
   int64_t total = 0, bytes = 0;
   for (int e = 0; e < reg.base_entries; ++e) {
     if (IsRowsOnly(reg, e)) continue;
     const ArenaEntry& a = reg.layout.entry(e);
-    if (a.shape.size() == 2) {
-      ST_CHECK(a.shape[1] % 32 == 0)
-          << a.name << ": rows of " << a.shape[1] << " values are not whole 32-value blocks";
+    const GgmlType type = a.shape.size() == 2 ? blocks.of(e) : GgmlType::kF32;
+    if (type != GgmlType::kF32) {
+      ST_CHECK(cpu::HasInt8BlockProduct(type))
+          << a.name << ": block storage has no product for " << GgmlTypeOf(type).name;
+      ST_CHECK(GgmlRowBytes(type, a.shape[1]) > 0)
+          << a.name << ": rows of " << a.shape[1] << " values are not whole "
+          << GgmlTypeOf(type).name << " blocks";
+      block_types_[static_cast<size_t>(e)] = type;
       block_offset[static_cast<size_t>(e)] = bytes;
-      bytes += static_cast<int64_t>(GgmlRowBytes(blocks.type, a.shape[1])) * a.shape[0];
+      bytes += static_cast<int64_t>(GgmlRowBytes(type, a.shape[1])) * a.shape[0];
     } else {
       offset[static_cast<size_t>(e)] = total;
       total += (a.numel + 15) / 16 * 16;
@@ -89,9 +93,19 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
       continue;
     }
     const int64_t rows = a.shape[0], cols = a.shape[1];
-    const size_t row_bytes = GgmlRowBytes(blocks.type, cols);
+    const GgmlType type = block_types_[i];
+    const size_t row_bytes = GgmlRowBytes(type, cols);
     uint8_t* dst = blocks_.data() + block_offset[i];
     const bool merge = reg.lora_a[i] >= 0;
+    // Rows already stored in this type (a GGUF file's) are taken as they are: rounding their
+    // values again could change them (the K-quants' searches are not idempotent).
+    if (const std::optional<WeightSource::StoredBlocks> stored = source.StoredGgml(e);
+        stored && stored->type == type && !merge) {
+      std::memcpy(dst, stored->data, static_cast<size_t>(rows) * row_bytes);
+      q_[i] = dst;
+      source.Release(e);
+      continue;
+    }
     const int64_t chunk_rows = merge ? rows : std::max<int64_t>(1, kChunk / cols);
     tmp.resize(static_cast<size_t>(std::min(rows, chunk_rows) * cols));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
@@ -102,7 +116,7 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
         source.Read(e, r0 * cols, n * cols, tmp.data());
 #pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
       for (int64_t r = 0; r < n; ++r)
-        QuantizeRow(blocks.type, tmp.data() + r * cols, cols,
+        QuantizeRow(type, tmp.data() + r * cols, cols,
                     dst + static_cast<size_t>(r0 + r) * row_bytes);
     }
     q_[i] = dst;
@@ -367,10 +381,11 @@ void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_
   if (const float* e = w_.f32(reg_.embed_tokens)) {
     cpu::EmbeddingForward(ids, e, x_.data(), n, d, sd);
   } else if (const uint8_t* q = w_.blocks(reg_.embed_tokens)) {
-    const size_t row_bytes = GgmlRowBytes(w_.block_type(), d);
+    const GgmlType type = w_.block_type(reg_.embed_tokens);
+    const size_t row_bytes = GgmlRowBytes(type, d);
     for (int64_t t = 0; t < n; ++t) {
       float* row = x_.data() + t * d;
-      DequantizeRow(w_.block_type(), q + static_cast<size_t>(ids[t]) * row_bytes, d, row);
+      DequantizeRow(type, q + static_cast<size_t>(ids[t]) * row_bytes, d, row);
       for (int64_t c = 0; c < d; ++c) row[c] *= sd;
     }
   } else {
@@ -504,7 +519,7 @@ void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
 void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
                            float alpha) {
   if (const uint8_t* q = w_.blocks(e)) {  // each weight row read once for every row of x
-    cpu::LinearForwardBlocksInt8(w_.block_type(), x, q, y, n, in, out);
+    cpu::LinearForwardBlocksInt8(w_.block_type(e), x, q, y, n, in, out);
     if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
     return;
   }

@@ -42,19 +42,24 @@ namespace st {
 // Matrices are kept in fp32 or in bf16 (`storage`): decoding one token reads every matrix once,
 // so bf16 halves the bytes and about doubles the speed. A bf16 checkpoint's values are exactly
 // representable, so bf16 storage then changes nothing (arithmetic stays fp32); vectors (norms,
-// layer scalars) stay fp32. Block storage (`BlockStorage`, `generate --weights-dtype q8_0|q4_0`)
-// holds each matrix as ggml's Q8_0 or Q4_0 blocks (kernels/cpu/quant.h: 34 or 18 bytes per 32
-// weights, 1.9x or 3.6x fewer than bf16), quantized here from the source's values (adapters merged
-// first); its products (cpu::LinearForwardBlocksInt8) round the activations to int8 blocks and
-// take integer dot products, as llama.cpp does.
+// layer scalars) stay fp32. Block storage (`BlockStorage`, `generate --weights-dtype
+// q8_0|q4_0|q4_k_m`) holds each matrix in one of ggml's block types (kernels/cpu/quant.h: Q8_0's
+// 34 bytes per 32 weights, 1.9x fewer than bf16; Q4_0's 18, 3.6x; Q4_K's 144 per 256, 3.6x; Q6_K's
+// 210 per 256, 2.4x) or in fp32, one type per matrix (llama-quantize's mixtures), quantized here
+// from the source's values (adapters merged first); its products (cpu::LinearForwardBlocksInt8)
+// round the activations to int8 blocks and take integer dot products, as llama.cpp does.
 class DecodeWeights {
  public:
   struct BlockStorage {
-    GgmlType type = GgmlType::kQ8_0;  // kQ8_0 or kQ4_0
+    GgmlType type = GgmlType::kQ8_0;  // of every matrix, unless `types` is given
+    // Per registry entry (base entries; vectors ignored): the matrix's type, a type with an int8
+    // product (cpu::HasInt8BlockProduct) or kF32 (held in fp32, not quantized).
+    std::vector<GgmlType> types;
+    GgmlType of(int e) const { return types.empty() ? type : types[static_cast<size_t>(e)]; }
   };
   // reg: the model's registry (adapters included, if any); source: its weights.
   DecodeWeights(const ParamRegistry& reg, const WeightSource& source, DType storage = DType::kF32);
-  DecodeWeights(const ParamRegistry& reg, const WeightSource& source, BlockStorage blocks);
+  DecodeWeights(const ParamRegistry& reg, const WeightSource& source, const BlockStorage& blocks);
   // The storage `generate` picks: bf16 when the source stores bf16 and no adapter is merged (its
   // small update would be rounded away), else fp32.
   static DType DefaultStorage(const ParamRegistry& reg, const WeightSource& source);
@@ -62,10 +67,10 @@ class DecodeWeights {
   const float* f32(int e) const { return f32_[static_cast<size_t>(e)]; }
   // Matrix e in bf16 (bf16 storage), else null.
   const uint16_t* bf16(int e) const { return bf16_[static_cast<size_t>(e)]; }
-  // Matrix e as blocks of block_type(), row after row (block storage), else null.
+  // Matrix e as blocks of block_type(e), row after row (block storage), else null.
   const uint8_t* blocks(int e) const { return q_.empty() ? nullptr : q_[static_cast<size_t>(e)]; }
   bool quantized() const { return !q_.empty(); }
-  GgmlType block_type() const { return block_type_; }
+  GgmlType block_type(int e) const { return block_types_[static_cast<size_t>(e)]; }
   // Where the rows of a lookup-only table come from (the per-layer embeddings), else null.
   const WeightSource* rows(int e) const { return rows_[static_cast<size_t>(e)]; }
   DType storage() const { return storage_; }
@@ -75,7 +80,7 @@ class DecodeWeights {
   }
   // The bytes the constructor will hold for this registry (for a check before loading).
   static double Bytes(const ParamRegistry& reg, DType storage = DType::kF32);
-  static double Bytes(const ParamRegistry& reg, BlockStorage blocks);
+  static double Bytes(const ParamRegistry& reg, const BlockStorage& blocks);
 
  private:
   DType storage_;
@@ -85,7 +90,7 @@ class DecodeWeights {
   std::vector<const uint16_t*> bf16_;
   std::vector<uint8_t> blocks_;
   std::vector<const uint8_t*> q_;
-  GgmlType block_type_ = GgmlType::kQ8_0;
+  std::vector<GgmlType> block_types_;
   std::vector<const WeightSource*> rows_;
 };
 

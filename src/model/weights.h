@@ -4,7 +4,8 @@
 // (the per-layer table, 2.35 B of E2B's 4.65 B parameters) gives the rows a batch needs.
 // Implementations: PresetWeights (the seeded initialisation, element by element the same values
 // for any range), ArenaWeights (an fp32 arena in memory) and, in io/, CheckpointWeights (the
-// memory-mapped safetensors files of a model directory, converted on the fly).
+// memory-mapped safetensors files of a model directory, converted on the fly) and GgufWeights (a
+// GGUF file's tensors).
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "core/dtype.h"
+#include "kernels/cpu/quant.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -50,6 +52,13 @@ class WeightSource {
 
   // The element type of most stored weights (F32 for presets): the default save dtype.
   virtual DType dtype() const = 0;
+  // An entry stored as rows of one of ggml's types (a GGUF file's tensor), for holding its blocks
+  // as they are (DecodeWeights); none when the source does not store ggml rows.
+  struct StoredBlocks {
+    const uint8_t* data = nullptr;
+    GgmlType type = GgmlType::kF32;
+  };
+  virtual std::optional<StoredBlocks> StoredGgml(int /*entry*/) const { return std::nullopt; }
 
   // The whole entry (a convenience for small tensors and tests).
   void ReadAll(int entry, float* dst) const;

@@ -153,8 +153,7 @@ Status CommitCheckpoint(const std::string& pending, const std::string& dir,
   if (fs::is_regular_file(c.tokenizer_dir, ec) && IsGgufFile(c.tokenizer_dir))
     ST_RETURN_IF_ERROR(Tokenizer::WriteGgufVocabulary(
         c.tokenizer_dir, (fs::path(pending) / "tokenizer.gguf").string()));
-  for (const char* f :
-       {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tokenizer.gguf"}) {
+  for (const std::string& f : kTokenizerFiles) {
     const fs::path src = fs::path(c.tokenizer_dir) / f;
     if (fs::exists(src, ec))
       fs::copy_file(src, fs::path(pending) / f, fs::copy_options::overwrite_existing, ec);

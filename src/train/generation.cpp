@@ -10,7 +10,10 @@
 #include <sstream>
 
 #include "io/files.h"
+#include "io/gguf.h"
+#include "io/gguf_export.h"
 #include "io/peft_adapter.h"
+#include "kernels/cpu/ops_cpu.h"
 
 namespace st {
 
@@ -91,8 +94,8 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     const std::string& data_dir, TemplateKind kind, int64_t capacity, uint64_t preset_seed,
     const std::string& weights_dtype) {
   if (weights_dtype != "auto" && weights_dtype != "fp32" && weights_dtype != "bf16" &&
-      weights_dtype != "q8_0" && weights_dtype != "q4_0")
-    return InvalidArgument("--weights-dtype must be auto, fp32, bf16, q8_0 or q4_0, got '" +
+      weights_dtype != "q8_0" && weights_dtype != "q4_0" && weights_dtype != "q4_k_m")
+    return InvalidArgument("--weights-dtype must be auto, fp32, bf16, q8_0, q4_0 or q4_k_m, got '" +
                            weights_dtype + "'");
   auto g = std::make_unique<TextGenerator>();
   ST_ASSIGN_OR_RETURN(g->model, LoadModelWithAdapter(model_id, adapter, preset_seed));
@@ -106,10 +109,34 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
                         : weights_dtype == "bf16"
                             ? DType::kBF16
                             : DecodeWeights::DefaultStorage(g->model.registry, *g->model.weights);
-  const bool quantized = weights_dtype == "q8_0" || weights_dtype == "q4_0";
-  const DecodeWeights::BlockStorage blocks{weights_dtype == "q4_0" ? GgmlType::kQ4_0
-                                                                   : GgmlType::kQ8_0};
-  if (quantized)
+  // A GGUF file's matrices stored in a type with an int8 product are decoded as stored under
+  // auto (the others, and the vectors, in fp32): no second rounding of quantized weights.
+  const WeightSource& source = *g->model.weights;
+  bool stored_blocks = false;
+  std::vector<GgmlType> stored_types(static_cast<size_t>(g->model.registry.layout.size()),
+                                     GgmlType::kF32);
+  if (weights_dtype == "auto" && !g->model.registry.HasAdapters())
+    for (int e = 0; e < g->model.registry.base_entries; ++e)
+      if (const std::optional<WeightSource::StoredBlocks> st = source.StoredGgml(e);
+          st && g->model.registry.layout.entry(e).shape.size() == 2 &&
+          cpu::HasInt8BlockProduct(st->type)) {
+        stored_types[static_cast<size_t>(e)] = st->type;
+        stored_blocks = true;
+      }
+  const bool quantized = weights_dtype == "q8_0" || weights_dtype == "q4_0" ||
+                         weights_dtype == "q4_k_m" || stored_blocks;
+  // q4_k_m: each matrix in the type llama-quantize's Q4_K_M mixture gives it, as `export --format
+  // gguf --quant q4_k_m` writes it (Q4_K, Q6_K; Q5_0 and Q8_0 for rows that are not whole 256-value
+  // super-blocks; per_layer_model_proj in fp32).
+  DecodeWeights::BlockStorage blocks;
+  if (stored_blocks)
+    blocks.types = std::move(stored_types);
+  else if (weights_dtype == "q4_k_m")
+    blocks.types =
+        GgufMatrixTypes(g->model.registry, cfg.num_hidden_layers, GgufQuant{GgmlType::kQ4_K, true});
+  else
+    blocks.type = weights_dtype == "q4_0" ? GgmlType::kQ4_0 : GgmlType::kQ8_0;
+  if (quantized && !stored_blocks)
     for (int e = 0; e < g->model.registry.base_entries; ++e) {
       const ArenaEntry& a = g->model.registry.layout.entry(e);
       if (a.shape.size() == 2 && e != g->model.registry.embed_tokens_per_layer &&
@@ -124,23 +151,26 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
   const double have =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > 0.9 * have)
-    return ResourceExhausted(
-        StrCat("generating needs about ", static_cast<int64_t>(need / (1 << 20)),
-               " MiB (the weights in ", quantized ? weights_dtype : DTypeName(storage),
-               " and the cache for ", capacity, " tokens), more than ", "this machine's ",
-               static_cast<int64_t>(have / (1 << 20)), " MiB; lower --max-seq-len",
-               weights_dtype == "q4_0" ? ""
-               : quantized             ? ", hold the weights in 4 bits (--weights-dtype q4_0)"
-                                       : ", hold the weights in 8 bits (--weights-dtype q8_0)",
-               " or use a machine with more memory"));
+    return ResourceExhausted(StrCat(
+        "generating needs about ", static_cast<int64_t>(need / (1 << 20)), " MiB (the weights in ",
+        stored_blocks ? "the GGUF file's types"
+        : quantized   ? weights_dtype
+                      : DTypeName(storage),
+        " and the cache for ", capacity, " tokens), more than ", "this machine's ",
+        static_cast<int64_t>(have / (1 << 20)), " MiB; lower --max-seq-len",
+        weights_dtype == "q4_0" || weights_dtype == "q4_k_m" ? ""
+        : quantized ? ", hold the weights in 4 bits (--weights-dtype q4_0)"
+                    : ", hold the weights in 8 bits (--weights-dtype q8_0)",
+        " or use a machine with more memory"));
   std::error_code ec;
-  g->tokenizer_dir = !tokenizer.empty() ? tokenizer
-                     : std::filesystem::is_directory(model_id, ec) &&
-                             (std::filesystem::exists(model_id + "/tokenizer.json", ec) ||
-                              std::filesystem::exists(model_id + "/tokenizer.model", ec) ||
-                              std::filesystem::exists(model_id + "/tokenizer.gguf", ec))
-                         ? model_id
-                         : data_dir + "/tokenizer";
+  // The tokenizer: --tokenizer, else the model directory's, a GGUF file's own vocabulary, else
+  // the bundled one.
+  g->tokenizer_dir =
+      !tokenizer.empty() ? tokenizer
+      : (std::filesystem::is_directory(model_id, ec) && HasTokenizerFiles(model_id)) ||
+              (std::filesystem::is_regular_file(model_id, ec) && IsGgufFile(model_id))
+          ? model_id
+          : data_dir + "/tokenizer";
   ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(g->tokenizer_dir));
   if (tok.vocab_size() > cfg.vocab_size)
     return InvalidArgument(StrCat("the tokenizer at ", g->tokenizer_dir, " has ", tok.vocab_size(),

@@ -58,7 +58,8 @@ struct TextGenerator {
   // model_id: a directory or preset (resolved already); adapter: a PEFT adapter directory or "";
   // tokenizer: a path or "" (the model directory's, else the bundled one in data_dir).
   // preset_seed: a preset's initialisation (finetune --seed; 42 as finetune's default).
-  // weights_dtype: how the matrices are held (auto | fp32 | bf16 | q8_0 | q4_0; DecodeWeights).
+  // weights_dtype: how the matrices are held (auto | fp32 | bf16 | q8_0 | q4_0 | q4_k_m;
+  // DecodeWeights).
   // Refuses, before reading weights, a model whose fp32 weights and cache would not fit in
   // this machine's memory.
   static StatusOr<std::unique_ptr<TextGenerator>> Load(

@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "io/files.h"
+#include "io/gguf.h"
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/safetensors.h"
@@ -43,13 +44,15 @@ StatusOr<RunTokenizer> LoadRunTokenizer(const Gemma4Config& config, const std::s
                                         const std::string& tokenizer_flag,
                                         const std::string& data_dir) {
   std::error_code ec;
-  const std::string tok_dir = !tokenizer_flag.empty()          ? tokenizer_flag
-                              : fs::is_directory(model_id, ec) ? model_id
-                                                               : data_dir + "/tokenizer";
+  // --tokenizer, else the model directory's, a GGUF model's own vocabulary, else the bundled one.
+  const std::string tok_dir = !tokenizer_flag.empty() ? tokenizer_flag
+                              : fs::is_directory(model_id, ec) ||
+                                      (fs::is_regular_file(model_id, ec) && IsGgufFile(model_id))
+                                  ? model_id
+                                  : data_dir + "/tokenizer";
   if (fs::is_directory(tok_dir, ec))
-    ST_RETURN_IF_ERROR(VerifyChecksumsIfListed(tok_dir, {"tokenizer.json", "tokenizer_config.json",
-                                                         "tokenizer.model", "tokenizer.gguf"})
-                           .WithContext("tokenizer " + tok_dir));
+    ST_RETURN_IF_ERROR(
+        VerifyChecksumsIfListed(tok_dir, kTokenizerFiles).WithContext("tokenizer " + tok_dir));
   ST_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tok_dir));
   if (tok.vocab_size() > config.vocab_size)
     return InvalidArgument(StrCat("the tokenizer at ", tok_dir, " has ", tok.vocab_size(),
