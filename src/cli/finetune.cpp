@@ -389,6 +389,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
                  ": no such file or directory (pass tokenizer.json, a directory holding "
                  "it, or a GGUF file)"));
   }
+  std::string precision_note;  // why auto chose fp32, printed once the job is accepted
   {
     // The memory plan: --activation-checkpointing auto resolved to the least recomputation that
     // fits, and a job whose local workers cannot fit in this host's memory refused here, before
@@ -405,8 +406,9 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     {
       std::string why;
       ST_ASSIGN_OR_RETURN(const Precision p, cpu::ResolvePrecision(a.o.precision, &why));
+      // Printed once every check has passed: a refused job prints its error line alone.
       if (a.o.precision == "auto" && p == Precision::kFp32 && (!env.is_worker() || env.rank == 0))
-        std::printf("Precision: fp32 (%s; bf16 would be emulated and slower)\n", why.c_str());
+        precision_note = StrCat("Precision: fp32 (", why, "; bf16 would be emulated and slower)\n");
       a.o.precision = PrecisionName(p);
     }
     if (!cfg.ok() && a.dry_run) return cfg.status();
@@ -450,6 +452,8 @@ Status Run(FinetuneArgs& a, int* exit_code) {
           ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.o.model_id, 42, false));
           mapped = MappedFrozenBytes(*m.weights, registry, trainable.mask);
         }
+        std::fputs(precision_note.c_str(), stdout);
+        precision_note.clear();
         std::printf("slicetrain finetune --dry-run: %s, %d worker(s), %d on this host\n%s",
                     a.o.model_id.c_str(), topo.world_size(), local,
                     FormatMemoryPlan(estimate, shape, local, mapped, available).c_str());
@@ -472,6 +476,8 @@ Status Run(FinetuneArgs& a, int* exit_code) {
                            "'");
   if (a.dashboard_port < 0 || a.dashboard_port > 65535 || a.dashboard_linger_s < 0)
     return InvalidArgument("--dashboard-port must be 0..65535 and --dashboard-linger >= 0");
+  std::fputs(precision_note.c_str(), stdout);
+  std::fflush(stdout);
   if (!env.is_worker()) {
     launch::LocalSliceOptions lo;
     lo.collective_timeout_ms = a.timeout_ms;

@@ -149,6 +149,57 @@ Entry& Lookup(ThreadState& s, const Key& k, float alpha, float beta) {
   return *s.entries.back();
 }
 
+// Whether oneDNN has a bf16 matmul for this CPU: Debian's oneDNN 2.6 implements it on AVX-512
+// cores only (AVX512-BF16 and AMX natively, plain AVX-512 emulated), not on AVX2 ones. Asked once,
+// with the smallest product.
+bool OneDnnHasBf16Matmul() {
+  static const bool has = [] {
+    using dt = dnnl::memory::data_type;
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const auto a = Desc(dt::bf16, 1, 1, false, 1), c = Desc(dt::f32, 1, 1, false, 1);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
+
+// The bf16 product where oneDNN has none: the operands' bf16 values widened exactly to fp32 and
+// multiplied by sgemm, so the result is the bf16 product's up to the fp32 summation order (and
+// slower than fp32 itself). The commands refuse --precision bf16 on such a CPU
+// (cpu::ResolvePrecision); this keeps the library's bf16 paths (and their tests) working anywhere.
+// Operands are widened in blocks of at most kBf16OperandCap elements (rows of C for A, columns
+// for B), into per-thread scratch.
+void GemmBf16Widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
+                     float* C, int64_t ldc) {
+  thread_local std::vector<float> a32, b32;
+  const int64_t mb = std::max<int64_t>(1, std::min(M, kBf16OperandCap / K));
+  const int64_t nb = std::max<int64_t>(1, std::min(N, kBf16OperandCap / K));
+  if (static_cast<int64_t>(a32.size()) < mb * K) a32.resize(static_cast<size_t>(mb * K));
+  if (static_cast<int64_t>(b32.size()) < nb * K) b32.resize(static_cast<size_t>(nb * K));
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t n = std::min(nb, N - n0);
+    // op(B)[:, n0 : n0 + n] transposed: row j holds column n0 + j of op(B).
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        b32[static_cast<size_t>(j * K + k)] =
+            BF16ToFloat(tb == Trans::kYes ? B[(n0 + j) * ldb + k] : B[k * ldb + n0 + j]);
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+      const int64_t m = std::min(mb, M - m0);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t k = 0; k < K; ++k)
+          a32[static_cast<size_t>(i * K + k)] =
+              BF16ToFloat(ta == Trans::kYes ? A[k * lda + m0 + i] : A[(m0 + i) * lda + k]);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, K, alpha, a32.data(), K,
+                  b32.data(), K, beta, C + m0 * ldc + n0, ldc);
+    }
+  }
+}
+
 }  // namespace
 
 void RoundToBf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
@@ -175,6 +226,10 @@ void GemmBf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
   if (K == 0) {  // no products: C = beta * C
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[m * ldc + n];
+    return;
+  }
+  if (!OneDnnHasBf16Matmul()) {
+    GemmBf16Widened(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   ThreadState& s = State();
@@ -253,6 +308,10 @@ void Gemm(Precision p, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, floa
                C + m0 * ldc + n0, ldc);
     }
   }
+}
+
+bool GemmBf16Native() {
+  return OneDnnHasBf16Matmul();
 }
 
 size_t GemmScratchBytes() {

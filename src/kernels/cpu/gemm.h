@@ -2,7 +2,9 @@
 // chosen Precision. fp32 goes to OpenBLAS's sgemm; bf16 rounds the operands to bf16 (round to
 // nearest even, as torch does) and runs oneDNN's bf16 matmul, which accumulates in fp32 and writes
 // fp32 (AMX tiles on Sapphire Rapids and later, AVX512-BF16 dot products on Cooper Lake and Zen 4).
-// Callers ask for a product and a precision, never for a library or an instruction set.
+// On a CPU for which oneDNN has no bf16 matmul (AVX2-only ones) the same bf16 values are widened
+// to fp32 and multiplied by sgemm: correct, slower than fp32 (the commands refuse --precision bf16
+// there). Callers ask for a product and a precision, never for a library or an instruction set.
 //
 // Not thread-safe across threads sharing state: every thread has its own primitive cache and
 // conversion scratch (threads-as-ranks tests run several engines in one process).
@@ -37,6 +39,8 @@ void RoundToBf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint1
 
 // Bytes of the calling thread's bf16 conversion scratch now (for memory reports and tests).
 size_t GemmScratchBytes();
+// Whether oneDNN runs the bf16 products on this CPU (false: the widened fp32 products above).
+bool GemmBf16Native();
 // The number of oneDNN matmul primitives the calling thread has created so far (one per distinct
 // shape, transposition, alpha and beta; a step's shapes repeat, so this stops growing).
 int64_t GemmPrimitivesCreated();
