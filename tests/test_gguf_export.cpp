@@ -642,6 +642,18 @@ TEST(GgufExport, CommandWritesTheFileAndAModelfile) {
   fs::remove_all(dir);
 }
 
+// m exported in q4_k_m to `path`, then loaded back as a model (LoadModel of the file).
+StatusOr<LoadedModel> ExportQ4KMAndLoad(const LoadedModel& m, const std::string& path) {
+  GgufExportOptions o;
+  o.output = path;
+  o.weight_type = GgmlType::kQ4_K;
+  o.q4_k_m = true;
+  o.tokenizer_dir = kTokenizer;
+  o.name = "tiny";
+  ST_RETURN_IF_ERROR(ExportGguf(m, o).status());
+  return LoadModel(path, 0);
+}
+
 // A GGUF model read back (io/gguf_model.h): the config from the metadata is the exported model's,
 // each tensor is stored in the type the export chose and reads back as its stored values (ranges
 // that start and end inside rows included), vectors exactly.
@@ -649,14 +661,7 @@ TEST(GgufModel, ConfigAndTensorsReadBackFromAnExport) {
   const Gemma4Config cfg = LlamaCppTiny();
   const LoadedModel m = PresetModel(cfg);
   const std::string dir = test::TempDir("gguf_model_read");
-  GgufExportOptions o;
-  o.output = dir + "/m.gguf";
-  o.weight_type = GgmlType::kQ4_K;
-  o.q4_k_m = true;
-  o.tokenizer_dir = kTokenizer;
-  o.name = "tiny";
-  ASSERT_TRUE(ExportGguf(m, o).ok());
-  StatusOr<LoadedModel> g = LoadModel(o.output, 0);
+  StatusOr<LoadedModel> g = ExportQ4KMAndLoad(m, dir + "/m.gguf");
   ASSERT_TRUE(g.ok()) << g.status().message();
   const Gemma4Config& c = g->config;
   EXPECT_EQ(c.num_hidden_layers, cfg.num_hidden_layers);
@@ -723,14 +728,7 @@ TEST(GgufModel, DecodesTheFilesBlocksAsStored) {
   const Gemma4Config cfg = LlamaCppTiny();
   const LoadedModel m = PresetModel(cfg);
   const std::string dir = test::TempDir("gguf_model_decode");
-  GgufExportOptions o;
-  o.output = dir + "/m.gguf";
-  o.weight_type = GgmlType::kQ4_K;
-  o.q4_k_m = true;
-  o.tokenizer_dir = kTokenizer;
-  o.name = "tiny";
-  ASSERT_TRUE(ExportGguf(m, o).ok());
-  StatusOr<LoadedModel> g = LoadModel(o.output, 0);
+  StatusOr<LoadedModel> g = ExportQ4KMAndLoad(m, dir + "/m.gguf");
   ASSERT_TRUE(g.ok()) << g.status().message();
 
   DecodeWeights::BlockStorage stored;
