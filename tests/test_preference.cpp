@@ -323,10 +323,12 @@ TEST(Preference, WorkersAndAccumulationAgreeKilledRunResumesExactly) {
     EXPECT_NEAR(norm, first_norm, 1e-4 * first_norm) << shape;
     // Later steps drift apart: AdamW's first steps move every coordinate by about lr whatever its
     // gradient's size, so the reduction order's rounding of near-zero LoRA gradients (B starts at
-    // zero) becomes full-size updates (as in test_trainer's LoRA runs). 1.3e-3 was measured under
-    // the sanitizers' code generation, 3e-4 at -O3, against a fall of about 1.3e-2.
+    // zero) becomes full-size updates (as in test_trainer's LoRA runs). Measured against a fall
+    // of about 1.3e-2: 3e-4 at -O3 and 1.3e-3 under the sanitizers' code generation on a Zen 4
+    // (AVX-512 kernels); 6.2e-3 under the sanitizers on a Zen 3 (AVX2 kernels, whose sums run in
+    // yet another order), hence 8e-3. The step-0 gradient norm above is the tight check.
     for (size_t e = 0; e < 2; ++e)
-      EXPECT_NEAR(epochs[e]["loss"].get<double>(), first[e], 3e-3) << shape;
+      EXPECT_NEAR(epochs[e]["loss"].get<double>(), first[e], 8e-3) << shape;
   }
   EXPECT_LT(first[1], first[0] - 8e-3) << "the adapters learn";
 
