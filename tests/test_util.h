@@ -2,6 +2,7 @@
 // reading a file, finding a run's newest checkpoint.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,10 +51,41 @@ inline double Dot(const std::vector<float>& a, const std::vector<float>& b) {
   return s;
 }
 
-// A fresh directory /tmp/st_<tag>_XXXXXX ("" if it cannot be made).
+// The directories TempDir made: removed when the test program exits, by the process that made
+// them (a forked worker's exit leaves them alone); kept, and named, when a test failed.
+class TempDirs {
+ public:
+  static TempDirs& Get() {
+    static TempDirs dirs;
+    return dirs;
+  }
+  void Add(std::string dir) { dirs_.push_back(std::move(dir)); }
+  ~TempDirs() {
+    if (getpid() != owner_) return;
+    const bool keep = ::testing::UnitTest::GetInstance()->Failed();
+    for (const std::string& d : dirs_) {
+      std::error_code ec;
+      if (keep) {
+        if (std::filesystem::exists(d, ec))
+          std::fprintf(stderr, "kept %s (a test failed)\n", d.c_str());
+      } else {
+        std::filesystem::remove_all(d, ec);
+      }
+    }
+  }
+
+ private:
+  TempDirs() : owner_(getpid()) {}
+  pid_t owner_;
+  std::vector<std::string> dirs_;
+};
+
+// A fresh directory /tmp/st_<tag>_XXXXXX ("" if it cannot be made), removed at exit (TempDirs).
 inline std::string TempDir(const std::string& tag) {
   std::string tmpl = "/tmp/st_" + tag + "_XXXXXX";
-  return mkdtemp(tmpl.data()) ? tmpl : "";
+  if (!mkdtemp(tmpl.data())) return "";
+  TempDirs::Get().Add(tmpl);
+  return tmpl;
 }
 
 struct Ran {
