@@ -120,6 +120,12 @@ for f in sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "datasets", "p
     os.makedirs(os.path.join(OUT, "fuzz_parquet"), exist_ok=True)
     shutil.copy(f, os.path.join(OUT, "fuzz_parquet", os.path.basename(f)))
 
+# ---- images: the small fixture files of tools/make_image_fixtures.py (one per layout) ----
+for f in sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "images", "*"))):
+    if not f.endswith(".safetensors") and os.path.getsize(f) < 8192:
+        os.makedirs(os.path.join(OUT, "fuzz_image"), exist_ok=True)
+        shutil.copy(f, os.path.join(OUT, "fuzz_image", os.path.basename(f)))
+
 # ---- tokenizer: tokenizer.json NUL text NUL tokenizer_config.json ----
 def small_tokenizer(src, keep_tokens):
     with open(src, encoding="utf-8") as f:

@@ -11,7 +11,7 @@ shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
   TARGETS=(fuzz_safetensors fuzz_gguf fuzz_model_dir fuzz_dataset fuzz_parquet fuzz_tokenizer fuzz_config
-           fuzz_store_protocol)
+           fuzz_store_protocol fuzz_image)
 fi
 
 CC=clang CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja >/dev/null

@@ -11,6 +11,7 @@ PACKAGES=(
   libpcre2-dev libsentencepiece-dev sentencepiece libcurl4-openssl-dev libssl-dev libcpp-httplib-dev
   libgloo-dev iproute2
   libthrift-dev libboost-dev libsnappy-dev libzstd-dev zlib1g-dev libyaml-cpp-dev  # data formats
+  libjpeg-dev libpng-dev libwebp-dev  # images
   clang libclang-rt-14-dev  # libFuzzer targets of fuzz/ (scripts/fuzz.sh)
   chromium fonts-dejavu-core librsvg2-bin
 )

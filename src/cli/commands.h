@@ -50,6 +50,7 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx);
 void RegisterGenerateCommand(CLI::App& app, Context& ctx);  // generate and chat
 void RegisterExportCommand(CLI::App& app, Context& ctx);
 void RegisterTokenizeCommand(CLI::App& app, Context& ctx);
+void RegisterImagesCommand(CLI::App& app, Context& ctx);
 void RegisterDownloadCommand(CLI::App& app, Context& ctx);
 void RegisterLaunchCommand(CLI::App& app, Context& ctx);
 void RegisterCollectivesCommand(CLI::App& app, Context& ctx);

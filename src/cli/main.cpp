@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   st::cli::RegisterGenerateCommand(app, ctx);
   st::cli::RegisterExportCommand(app, ctx);
   st::cli::RegisterTokenizeCommand(app, ctx);
+  st::cli::RegisterImagesCommand(app, ctx);
   st::cli::RegisterDownloadCommand(app, ctx);
   st::cli::RegisterLaunchCommand(app, ctx);
   st::cli::RegisterCollectivesCommand(app, ctx);
