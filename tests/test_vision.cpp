@@ -1,0 +1,142 @@
+// The vision tower's forward (src/model/vision) against transformers' Gemma4VisionModel and
+// get_image_features on tests/fixtures/vision_tiny (tools/make_vision_fixtures.py): a tiny tower
+// with clipped linears, standardization and grouped key/value heads, two images of different
+// sizes (so different padding) through the processor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/safetensors.h"
+#include "model/vision/vision_tower.h"
+#include "test_util.h"
+
+namespace st {
+namespace {
+
+const std::string kModel = ST_FIXTURE_DIR "/vision_tiny";
+
+// max |a - b| over max |b|, over the first n values.
+double Rel(const float* a, const float* b, int64_t n) {
+  return test::RelError(a, b, n);
+}
+
+TEST(VisionTower, EqualsTransformersLayerByLayer) {
+  auto tower = vision::VisionTower::Load(kModel);
+  ASSERT_TRUE(tower.ok()) << tower.status().ToString();
+  const vision::VisionConfig& c = (*tower)->config();
+  EXPECT_EQ(c.hidden_size, 16);
+  EXPECT_TRUE(c.use_clipped_linears);
+  EXPECT_TRUE(c.standardize);
+  EXPECT_EQ(c.text_hidden_size, 48);
+  auto g = SafeTensorsFile::Open(kModel + "/golden.safetensors");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const int images = 2, max_patches = 280, P = 48, H = 16;
+  std::vector<float> pixels(size_t(images) * max_patches * P);
+  std::vector<int32_t> pos(size_t(images) * max_patches * 2);
+  ASSERT_TRUE(g->ReadF32("pixel_values", pixels.data(), {images, max_patches, P}).ok());
+  ASSERT_TRUE(g->ReadI32("image_position_ids", pos.data(), {images, max_patches, 2}).ok());
+  vision::VisionTrace trace;
+  auto soft = (*tower)->Forward(pixels.data(), pos.data(), images, max_patches, &trace);
+  ASSERT_TRUE(soft.ok()) << soft.status().ToString();
+
+  // Per image, the real patches of each intermediate value (transformers also computes the
+  // padding rows, which never reach an output).
+  std::vector<float> want(size_t(images) * max_patches * H);
+  std::vector<std::string> names = {"patch_embeddings"};
+  for (int l = 0; l < c.num_hidden_layers; ++l) names.push_back("layer." + std::to_string(l));
+  for (size_t k = 0; k < names.size(); ++k) {
+    ASSERT_TRUE(g->ReadF32(names[k], want.data(), {images, max_patches, H}).ok()) << names[k];
+    for (int img = 0; img < images; ++img) {
+      const std::vector<float>& got =
+          k == 0 ? trace.patch_embeddings[img] : trace.layers[k - 1][img];
+      const int64_t n = static_cast<int64_t>(got.size()) / H;
+      EXPECT_GT(n, 0);
+      const double err = Rel(got.data(), want.data() + int64_t(img) * max_patches * H, n * H);
+      std::printf("%s, image %d (%lld patches): relative error %.2e\n", names[k].c_str(), img,
+                  static_cast<long long>(n), err);
+      EXPECT_LT(err, 2e-6) << names[k] << " image " << img;
+    }
+  }
+  const SafeTensorInfo* t = g->Find("tower");
+  ASSERT_NE(t, nullptr);
+  const int64_t tokens = t->shape[0];
+  EXPECT_EQ(tokens, 63 + 70);
+  std::vector<float> tower_want(size_t(tokens) * H), soft_want(size_t(tokens) * c.text_hidden_size);
+  ASSERT_TRUE(g->ReadF32("tower", tower_want.data(), {tokens, H}).ok());
+  ASSERT_TRUE(g->ReadF32("soft_tokens", soft_want.data(), {tokens, c.text_hidden_size}).ok());
+  ASSERT_EQ(trace.tower.size(), tower_want.size());
+  EXPECT_LT(Rel(trace.tower.data(), tower_want.data(), tokens * H), 2e-6);
+  ASSERT_EQ(soft->size(), soft_want.size());
+  const double soft_err = Rel(soft->data(), soft_want.data(), tokens * c.text_hidden_size);
+  std::printf("tower output: %.2e, soft tokens: %.2e\n",
+              Rel(trace.tower.data(), tower_want.data(), tokens * H), soft_err);
+  EXPECT_LT(soft_err, 2e-6);
+}
+
+TEST(VisionTower, RefusalsAreOneLine) {
+  // A text-only model (tiny_mm's wrapper has vision_config null).
+  auto none = vision::VisionTower::Load(ST_FIXTURE_DIR "/tiny_mm");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().ToString().find("has no vision tower"), std::string::npos)
+      << none.status().ToString();
+  auto tower = vision::VisionTower::Load(kModel);
+  ASSERT_TRUE(tower.ok());
+  // 36 patches in one row: column 36 is inside the 200 positions; 9 rows of 4 are too.
+  const int P = 48, max_patches = 280;
+  std::vector<float> pixels(size_t(max_patches) * P, 0.5f);
+  std::vector<int32_t> pos(size_t(max_patches) * 2, -1);
+  for (int i = 0; i < 36; ++i) pos[2 * i] = 190 + (i % 18), pos[2 * i + 1] = i / 18;
+  auto far = (*tower)->Forward(pixels.data(), pos.data(), 1, max_patches);
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.status().ToString().find("outside the tower's 200 positions"), std::string::npos)
+      << far.status().ToString();
+  for (int i = 0; i < 36; ++i) pos[2 * i] = i % 6, pos[2 * i + 1] = i / 6;
+  auto fine = (*tower)->Forward(pixels.data(), pos.data(), 1, max_patches);
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_EQ(fine->size(), size_t(9) * 48);
+  pos[2 * 40] = 0;  // a real patch after the padding began
+  pos[2 * 40 + 1] = 0;
+  auto after = (*tower)->Forward(pixels.data(), pos.data(), 1, max_patches);
+  ASSERT_FALSE(after.ok());
+  EXPECT_NE(after.status().ToString().find("a real patch after padding"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace st
+
+namespace st {
+namespace {
+
+// `slicetrain images --model-id`: the model's processor config, each image through the tower; the
+// soft tokens' RMS per image equals that of transformers' soft tokens for the same image.
+TEST(VisionCli, ImagesRunThroughTheTower) {
+  const test::Ran r = test::RunCommand(std::string(ST_BINARY) + " images --json --model-id " +
+                                       kModel + " " + ST_FIXTURE_DIR "/images/rgb420_61x43.jpg " +
+                                       ST_FIXTURE_DIR "/images/tall_5x500.png");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto g = SafeTensorsFile::Open(kModel + "/golden.safetensors");
+  ASSERT_TRUE(g.ok());
+  std::vector<float> soft(size_t(133) * 48);
+  ASSERT_TRUE(g->ReadF32("soft_tokens", soft.data(), {133, 48}).ok());
+  std::istringstream lines(r.out);
+  int64_t first = 0;
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const int64_t tokens = j["soft_tokens"].get<int64_t>();
+    EXPECT_EQ(tokens, n == 0 ? 63 : 70) << line;
+    double ss = 0;
+    for (int64_t i = first * 48; i < (first + tokens) * 48; ++i) ss += double(soft[i]) * soft[i];
+    EXPECT_NEAR(j["soft_token_rms"].get<double>(), std::sqrt(ss / double(tokens * 48)), 1e-5)
+        << line;
+    EXPECT_GT(j["tower_seconds"].get<double>(), 0.0);
+    first += tokens;
+  }
+  EXPECT_EQ(n, 2);
+}
+
+}  // namespace
+}  // namespace st
