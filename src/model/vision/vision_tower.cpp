@@ -253,11 +253,13 @@ void VisionTower::Encode(std::vector<float>& h, const std::vector<int32_t>& pos,
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     x = h;
+#pragma omp parallel for schedule(static) if (n > 64)
     for (int64_t p = 0; p < n; ++p)
       RmsNorm(x.data() + p * H, H, L.input_norm.data(), cfg_.rms_norm_eps);
     Linear(x.data(), n, H, L.q, heads * D, L.clip_q, q.data());
     Linear(x.data(), n, H, L.k, kv * D, L.clip_k, k.data());
     Linear(x.data(), n, H, L.v, kv * D, L.clip_v, v.data());
+#pragma omp parallel for schedule(static) if (n > 64)
     for (int64_t p = 0; p < n; ++p) {
       for (int hd = 0; hd < heads; ++hd) {
         float* qh = q.data() + (p * heads + hd) * D;
@@ -294,17 +296,21 @@ void VisionTower::Encode(std::vector<float>& h, const std::vector<int32_t>& pos,
                 v.data() + g * D, kv * D, 0.0f, att.data() + hd * D, heads * D);
     }
     Linear(att.data(), n, heads * D, L.o, H, L.clip_o, out.data());
+#pragma omp parallel for schedule(static) if (n > 64)
     for (int64_t p = 0; p < n; ++p) {
       RmsNorm(out.data() + p * H, H, L.post_attn_norm.data(), cfg_.rms_norm_eps);
       for (int64_t i = 0; i < H; ++i) h[p * H + i] += out[p * H + i];
     }
     x = h;
+#pragma omp parallel for schedule(static) if (n > 64)
     for (int64_t p = 0; p < n; ++p)
       RmsNorm(x.data() + p * H, H, L.pre_ff_norm.data(), cfg_.rms_norm_eps);
     Linear(x.data(), n, H, L.gate, I, L.clip_gate, gate.data());
     Linear(x.data(), n, H, L.up, I, L.clip_up, up.data());
+#pragma omp parallel for schedule(static) if (gate.size() > (1 << 16))
     for (size_t i = 0; i < gate.size(); ++i) gate[i] = GeluTanh(gate[i]) * up[i];
     Linear(gate.data(), n, I, L.down, H, L.clip_down, out.data());
+#pragma omp parallel for schedule(static) if (n > 64)
     for (int64_t p = 0; p < n; ++p) {
       RmsNorm(out.data() + p * H, H, L.post_ff_norm.data(), cfg_.rms_norm_eps);
       for (int64_t i = 0; i < H; ++i) h[p * H + i] += out[p * H + i];
