@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -97,6 +98,32 @@ TEST(VisionTower, RefusalsAreOneLine) {
   auto fine = (*tower)->Forward(pixels.data(), pos.data(), 1, max_patches);
   ASSERT_TRUE(fine.ok()) << fine.status().ToString();
   EXPECT_EQ(fine->size(), size_t(9) * 48);
+  // A clipping bound that is not one value (a damaged or foreign checkpoint) is refused, not read
+  // past: the same model with one bound of two values.
+  const std::string dir = test::TempDir("vision_bad");
+  ASSERT_FALSE(dir.empty());
+  std::filesystem::copy_file(kModel + "/config.json", dir + "/config.json");
+  auto src = SafeTensorsFile::Open(kModel + "/model.safetensors");
+  ASSERT_TRUE(src.ok());
+  const std::string bad = "model.vision_tower.encoder.layers.0.self_attn.q_proj.input_min";
+  std::vector<std::vector<float>> values;
+  std::vector<TensorToWrite> tensors;
+  values.reserve(src->tensors().size());
+  for (const SafeTensorInfo& t : src->tensors()) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    values.emplace_back(static_cast<size_t>(t.name == bad ? 2 : n), -1.5f);
+    if (t.name != bad) {
+      ASSERT_TRUE(src->ReadF32(t.name, values.back().data(), t.shape).ok());
+    }
+    tensors.push_back(
+        {t.name, DType::kF32, t.name == bad ? Shape{2} : t.shape, values.back().data()});
+  }
+  ASSERT_TRUE(WriteSafeTensors(dir + "/model.safetensors", tensors, {}).ok());
+  auto damaged = vision::VisionTower::Load(dir);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().ToString().find(bad + " holds 2 values, not one"), std::string::npos)
+      << damaged.status().ToString();
   pos[2 * 40] = 0;  // a real patch after the padding began
   pos[2 * 40 + 1] = 0;
   auto after = (*tower)->Forward(pixels.data(), pos.data(), 1, max_patches);

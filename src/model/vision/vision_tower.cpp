@@ -49,12 +49,16 @@ class Tensors {
   }
   // A scalar buffer (a clipping bound); absent means unbounded, as transformers initialises it.
   StatusOr<float> Scalar(const std::string& name, float fallback) const {
-    std::vector<float> v;
-    Status s = Read(name, {}, &v);
-    if (s.code() == StatusCode::kNotFound && s.message().find("is not in") != std::string::npos)
-      return fallback;
-    ST_RETURN_IF_ERROR(s);
-    return v[0];
+    for (const SafeTensorsFile& f : files_)
+      if (const SafeTensorInfo* t = f.Find(name)) {
+        int64_t n = 1;
+        for (int64_t d : t->shape) n *= d;
+        if (n != 1) return DataLoss(StrCat(f.path(), ": ", name, " holds ", n, " values, not one"));
+        float v = 0;
+        ST_RETURN_IF_ERROR(f.ReadF32(name, &v, {}));
+        return v;
+      }
+    return fallback;
   }
 
  private:
