@@ -12,17 +12,18 @@
 #include "io/hf_model.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops_cpu.h"
 #include "kernels/gelu.h"
 
 namespace st::vision {
 namespace {
 
-// x * (mean(x^2) + eps)^-0.5 [* w], in fp32 as transformers' Gemma4RMSNorm computes it.
-void RmsNorm(float* x, int64_t n, const float* w, double eps) {
-  float ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float scale = std::pow(ss / static_cast<float>(n) + static_cast<float>(eps), -0.5f);
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * scale * (w ? w[i] : 1.0f);
+// rows [n, c] in place: x * (mean(x^2) + eps)^-0.5 [* w] (Gemma4RMSNorm), with the backend's
+// kernel; `rstd` receives the n scales.
+void RmsNormRows(float* x, int64_t n, int64_t c, const float* w, double eps,
+                 std::vector<float>& rstd) {
+  if (rstd.size() < size_t(n)) rstd.resize(size_t(n));
+  cpu::RmsNormForward(x, w, x, rstd.data(), n, c, static_cast<float>(eps));
 }
 
 // The tensors of a model directory, looked up by name across its safetensors files.
@@ -253,29 +254,21 @@ void VisionTower::Encode(std::vector<float>& h, const std::vector<int32_t>& pos,
   };
   std::vector<float> x(size_t(n) * H), q(size_t(n) * heads * D), k(size_t(n) * kv * D),
       v(size_t(n) * kv * D), att(size_t(n) * heads * D), out(size_t(n) * H), gate(size_t(n) * I),
-      up(size_t(n) * I), scores(static_cast<size_t>(n) * n);
+      up(size_t(n) * I), scores(static_cast<size_t>(n) * n), rstd;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     x = h;
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int64_t p = 0; p < n; ++p)
-      RmsNorm(x.data() + p * H, H, L.input_norm.data(), cfg_.rms_norm_eps);
+    RmsNormRows(x.data(), n, H, L.input_norm.data(), cfg_.rms_norm_eps, rstd);
     Linear(x.data(), n, H, L.q, heads * D, L.clip_q, q.data());
     Linear(x.data(), n, H, L.k, kv * D, L.clip_k, k.data());
     Linear(x.data(), n, H, L.v, kv * D, L.clip_v, v.data());
+    RmsNormRows(q.data(), n * heads, D, L.q_norm.data(), cfg_.rms_norm_eps, rstd);
+    RmsNormRows(k.data(), n * kv, D, L.k_norm.data(), cfg_.rms_norm_eps, rstd);
+    RmsNormRows(v.data(), n * kv, D, nullptr, cfg_.rms_norm_eps, rstd);
 #pragma omp parallel for schedule(static) if (n > 64)
     for (int64_t p = 0; p < n; ++p) {
-      for (int hd = 0; hd < heads; ++hd) {
-        float* qh = q.data() + (p * heads + hd) * D;
-        RmsNorm(qh, D, L.q_norm.data(), cfg_.rms_norm_eps);
-        rope(qh, p);
-      }
-      for (int hd = 0; hd < kv; ++hd) {
-        float* kh = k.data() + (p * kv + hd) * D;
-        RmsNorm(kh, D, L.k_norm.data(), cfg_.rms_norm_eps);
-        rope(kh, p);
-        RmsNorm(v.data() + (p * kv + hd) * D, D, nullptr, cfg_.rms_norm_eps);
-      }
+      for (int hd = 0; hd < heads; ++hd) rope(q.data() + (p * heads + hd) * D, p);
+      for (int hd = 0; hd < kv; ++hd) rope(k.data() + (p * kv + hd) * D, p);
     }
     // Bidirectional attention over the image's real patches, scale 1: per head S = Q K^T,
     // row softmax, O = P V, as matrix products (a budget of 280 soft tokens is 2520 patches).
@@ -300,25 +293,17 @@ void VisionTower::Encode(std::vector<float>& h, const std::vector<int32_t>& pos,
                 v.data() + g * D, kv * D, 0.0f, att.data() + hd * D, heads * D);
     }
     Linear(att.data(), n, heads * D, L.o, H, L.clip_o, out.data());
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int64_t p = 0; p < n; ++p) {
-      RmsNorm(out.data() + p * H, H, L.post_attn_norm.data(), cfg_.rms_norm_eps);
-      for (int64_t i = 0; i < H; ++i) h[p * H + i] += out[p * H + i];
-    }
+    RmsNormRows(out.data(), n, H, L.post_attn_norm.data(), cfg_.rms_norm_eps, rstd);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += out[i];
     x = h;
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int64_t p = 0; p < n; ++p)
-      RmsNorm(x.data() + p * H, H, L.pre_ff_norm.data(), cfg_.rms_norm_eps);
+    RmsNormRows(x.data(), n, H, L.pre_ff_norm.data(), cfg_.rms_norm_eps, rstd);
     Linear(x.data(), n, H, L.gate, I, L.clip_gate, gate.data());
     Linear(x.data(), n, H, L.up, I, L.clip_up, up.data());
 #pragma omp parallel for schedule(static) if (gate.size() > (1 << 16))
     for (size_t i = 0; i < gate.size(); ++i) gate[i] = GeluTanh(gate[i]) * up[i];
     Linear(gate.data(), n, I, L.down, H, L.clip_down, out.data());
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int64_t p = 0; p < n; ++p) {
-      RmsNorm(out.data() + p * H, H, L.post_ff_norm.data(), cfg_.rms_norm_eps);
-      for (int64_t i = 0; i < H; ++i) h[p * H + i] += out[p * H + i];
-    }
+    RmsNormRows(out.data(), n, H, L.post_ff_norm.data(), cfg_.rms_norm_eps, rstd);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += out[i];
     if (trace) trace->layers[l][image] = h;
   }
 }
@@ -388,8 +373,8 @@ StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
       }
     if (trace) trace->tower.insert(trace->tower.end(), pooled.begin(), pooled.end());
     // Into the text width: RMSNorm without weights, then the projection.
-    for (int64_t t = 0; t < tokens; ++t)
-      RmsNorm(pooled.data() + t * H, H, nullptr, cfg_.rms_norm_eps);
+    std::vector<float> rstd;
+    RmsNormRows(pooled.data(), tokens, H, nullptr, cfg_.rms_norm_eps, rstd);
     const size_t at = soft.size();
     soft.resize(at + size_t(tokens) * cfg_.text_hidden_size);
     cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, tokens, cfg_.text_hidden_size, H,
