@@ -1,16 +1,20 @@
 // The vision tower's forward (src/model/vision) against transformers' Gemma4VisionModel and
 // get_image_features on tests/fixtures/vision_tiny (tools/make_vision_fixtures.py): a tiny tower
 // with clipped linears, standardization and grouped key/value heads, two images of different
-// sizes (so different padding) through the processor.
+// sizes (so different padding) through the processor; and the text model with those images' soft
+// tokens in its sequence against Gemma4ForConditionalGeneration (golden_text.safetensors).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/hf_model.h"
 #include "io/safetensors.h"
+#include "model/gemma4.h"
 #include "model/vision/vision_tower.h"
 #include "test_util.h"
 
@@ -139,6 +143,94 @@ namespace {
 
 // `slicetrain images --model-id`: the model's processor config, each image through the tower; the
 // soft tokens' RMS per image equals that of transformers' soft tokens for the same image.
+// The soft tokens in the text sequence: each image position embeds as its soft token, reads the
+// pad token's per-layer embedding, and passes its gradient to the soft token instead of the pad
+// rows (which are not zero in this fixture, so a wrong row shows). Frozen tower: the soft tokens
+// are the golden's (transformers' own tower output), then the engine's tower output.
+class VisionText : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(VisionText, SoftTokensInTheSequenceEqualTransformers) {
+  constexpr double kTol = 1e-4;  // as the text goldens (tests/test_golden.cpp)
+  auto cfg = LoadGemma4Config(kModel + "/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto g = SafeTensorsFile::Open(kModel + "/golden_text.safetensors");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const int64_t B = 2, T = 80, V = cfg->vocab_size, d = cfg->hidden_size, S = 133;
+  std::vector<int32_t> ids(B * T), labels(B * T), mask_i(B * T);
+  ASSERT_TRUE(g->ReadI32("input_ids", ids.data(), {B, T}).ok());
+  ASSERT_TRUE(g->ReadI32("labels", labels.data(), {B, T}).ok());
+  ASSERT_TRUE(g->ReadI32("attention_mask", mask_i.data(), {B, T}).ok());
+  std::vector<uint8_t> mask(mask_i.begin(), mask_i.end());
+  std::vector<float> soft(S * d), soft_grad_expect(S * d);
+  ASSERT_TRUE(g->ReadF32("soft_tokens", soft.data(), {S, d}).ok());
+  ASSERT_TRUE(g->ReadF32("grad.soft_tokens", soft_grad_expect.data(), {S, d}).ok());
+  const int32_t image_token = 258880;  // config.json's image_token_id: outside the tiny vocabulary
+  ASSERT_EQ(std::count(ids.begin(), ids.end(), image_token), S);
+
+  Gemma4Engine engine(*cfg, B, T, GetParam());
+  const ParamRegistry& reg = engine.registry();
+  std::vector<float> params(reg.layout.total());
+  auto report = LoadParams({kModel + "/model.safetensors"}, *cfg, reg, params.data());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+
+  std::vector<float> soft_grad(S * d, 0.0f);
+  Batch batch{ids.data(), mask.data(), labels.data(), B, T};
+  batch.soft_tokens = soft.data();
+  batch.num_soft_tokens = S;
+  batch.soft_token_id = image_token;
+  batch.soft_tokens_grad = soft_grad.data();
+  const ForwardResult r = engine.Forward(params.data(), batch);
+  float loss = 0;
+  ASSERT_TRUE(g->ReadF32("loss", &loss, {1}).ok());
+  EXPECT_NEAR(r.Loss(), loss, kTol * loss);
+  std::vector<float> expect(B * T * V), logits(B * T * V);
+  ASSERT_TRUE(g->ReadF32("logits", expect.data(), {B, T, V}).ok());
+  engine.ComputeLogits(params.data(), logits.data());
+  EXPECT_LT(Rel(logits.data(), expect.data(), B * T * V), kTol) << "logits";
+  std::vector<float> h(B * T * d);
+  ASSERT_TRUE(g->ReadF32("embeds", h.data(), {B, T, d}).ok());
+  EXPECT_LT(Rel(engine.hidden(-1), h.data(), B * T * d), 1e-6) << "embeddings";
+  for (int64_t i = 0; i < cfg->num_hidden_layers; ++i) {
+    ASSERT_TRUE(g->ReadF32("hidden." + std::to_string(i), h.data(), {B, T, d}).ok());
+    EXPECT_LT(Rel(engine.hidden(i), h.data(), B * T * d), kTol) << "hidden." << i;
+  }
+
+  std::vector<float> grads(params.size(), 0.0f);
+  engine.Backward(params.data(), grads.data(), batch, 1.0f / static_cast<float>(r.num_valid));
+  EXPECT_LT(Rel(soft_grad.data(), soft_grad_expect.data(), S * d), kTol) << "soft tokens' gradient";
+  int checked = 0;
+  for (int i = 0; i < reg.layout.size(); ++i) {
+    if (reg.is_buffer[i]) continue;
+    const ArenaEntry& e = reg.layout.entry(i);
+    std::vector<float> want(e.numel);
+    ASSERT_TRUE(g->ReadF32("grad." + report->prefix + e.name, want.data(), e.shape).ok()) << e.name;
+    EXPECT_LT(Rel(grads.data() + e.offset, want.data(), e.numel), kTol) << e.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 40);
+
+  // End to end: the engine's own tower output in place of transformers'.
+  auto tower = vision::VisionTower::Load(kModel);
+  ASSERT_TRUE(tower.ok()) << tower.status().ToString();
+  auto gv = SafeTensorsFile::Open(kModel + "/golden.safetensors");
+  ASSERT_TRUE(gv.ok());
+  std::vector<float> pixels(size_t(2) * 280 * 48);
+  std::vector<int32_t> pos(size_t(2) * 280 * 2);
+  ASSERT_TRUE(gv->ReadF32("pixel_values", pixels.data(), {2, 280, 48}).ok());
+  ASSERT_TRUE(gv->ReadI32("image_position_ids", pos.data(), {2, 280, 2}).ok());
+  auto ours = (*tower)->Forward(pixels.data(), pos.data(), 2, 280);
+  ASSERT_TRUE(ours.ok()) << ours.status().ToString();
+  ASSERT_EQ(static_cast<int64_t>(ours->size()), S * d);
+  batch.soft_tokens = ours->data();
+  batch.soft_tokens_grad = nullptr;
+  EXPECT_NEAR(engine.Forward(params.data(), batch).Loss(), loss, kTol * loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, VisionText, ::testing::Values(Backend::kCpu, Backend::kRef),
+                         [](const auto& info) {
+                           return std::string(info.param == Backend::kCpu ? "cpu" : "ref");
+                         });
+
 TEST(VisionCli, ImagesRunThroughTheTower) {
   const test::Ran r = test::RunCommand(std::string(ST_BINARY) + " images --json --model-id " +
                                        kModel + " " + ST_FIXTURE_DIR "/images/rgb420_61x43.jpg " +

@@ -13,22 +13,44 @@ two images of different sizes, for tests/test_vision.cpp:
   soft_tokens                        [soft tokens, 48]: get_image_features' pooler_output (the
                                      tower's output embedded into the text width), images in order
 
-All in fp32 (the model is built and saved in fp32; eager attention). Rerun:
+and golden_text.safetensors with what Gemma4ForConditionalGeneration computes when those soft
+tokens stand in the text sequence (frozen tower: the soft tokens are a leaf the test feeds in):
+
+  input_ids, attention_mask, labels  [2, 80]: row 0 text, an image (63 image tokens), text; row 1
+                                     an image (70), text, right padding; image positions are
+                                     labelled -100. boi/eoi are stand-ins inside the tiny vocabulary
+  logits, loss, embeds, hidden.<i>   as tools/make_fixtures.py writes them
+  grad.<text parameter>              every text parameter's gradient of the mean loss
+  grad.soft_tokens                   [133, 48] the gradient that reaches the soft tokens
+
+The text weights are perturbed as make_fixtures.py does, and the pad rows of both embedding tables
+are not zero, so that the test sees which rows the image positions read.
+
+All in fp32 (the model is built and saved in fp32; eager attention); ATEN_CPU_CAPABILITY=avx2 is pinned
+on x86-64 as in make_fixtures.py; the products still go through the machine's BLAS, so a rerun on another CPU
+moves the tower's values by up to ~4e-7 of their scale (an AVX-512 Xeon against the Zen 3 that wrote the
+committed golden.safetensors), far inside the tests' bars. Rerun:
   tools/.venv/bin/python tools/make_vision_fixtures.py
 """
 import json
 import os
+import platform
 import sys
+
+if platform.machine() in ("x86_64", "AMD64"):
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")  # as make_fixtures.py: reproducible reductions
 
 import numpy as np
 import torch
+import transformers
 from PIL import Image
 from safetensors.numpy import save_file
 from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4VisionConfig
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import FIXTURES, text_config  # noqa: E402
+from make_fixtures import EMBED_STD, FIXTURES, LINEAR_STD, NORM_STD, text_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "vision_tiny")
@@ -73,7 +95,79 @@ def build():
                 b.copy_(0.5 * torch.randn(b.shape, generator=g))
             elif name.endswith("std_scale"):
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
+        # The text model: perturbed as make_fixtures.py perturbs it, pad rows included.
+        g = torch.Generator().manual_seed(779)
+        text = model.model.language_model
+        for name, p in model.named_parameters():
+            if not name.startswith("model.language_model."):
+                continue
+            if name.endswith("norm.weight"):
+                p.copy_(1 + NORM_STD * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(LINEAR_STD * torch.randn(p.shape, generator=g))
+        for name, b in text.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
     return model
+
+
+BOI, EOI, T = 5, 6, 80  # stand-ins for the begin and end markers inside the tiny vocabulary
+
+
+def text_golden(model, pixels, positions, counts):
+    """The soft tokens placed in a batch of two rows; logits, hidden states and every gradient."""
+    cfg = model.config
+    image = cfg.image_token_id
+    g = torch.Generator().manual_seed(780)
+    rows = []
+    for i, n in enumerate(counts):
+        words = lambda k: torch.randint(7, cfg.text_config.vocab_size, (k,), generator=g).tolist()
+        if i == 0:
+            row = [2] + words(3) + [BOI] + [image] * n + [EOI]
+            row += words(T - len(row))
+        else:
+            row = [2, BOI] + [image] * n + [EOI] + words(4)
+            row += [0] * (T - len(row))
+        rows.append(row)
+    ids = torch.tensor(rows, dtype=torch.long)
+    mask = (torch.arange(T)[None, :] < torch.tensor([T, 2 + counts[1] + 1 + 4])[:, None]).long()
+    labels = ids.clone()
+    labels[(ids == image) | (mask == 0)] = -100
+
+    model.train()
+    with torch.no_grad():
+        feats = torch.cat(list(model.model.get_image_features(pixels, positions).pooler_output), 0)
+    soft = feats.clone().requires_grad_(True)
+    text = model.model.language_model
+    outs = {}
+    hooks = [layer.register_forward_hook(
+        lambda m, i, o, li=li: outs.__setitem__(li, (o[0] if isinstance(o, tuple) else o).detach().clone()))
+        for li, layer in enumerate(text.layers)]
+    hooks.append(text.layers[0].register_forward_pre_hook(
+        lambda m, a, kw: outs.__setitem__("embeds", (a[0] if a else kw["hidden_states"]).detach().clone()),
+        with_kwargs=True))
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False,
+                mm_encoder_outputs={"image": BaseModelOutputWithPooling(pooler_output=(soft,))})
+    for h in hooks:
+        h.remove()
+    out.loss.backward()
+    golden = {
+        "input_ids": ids.int(), "attention_mask": mask.int(), "labels": labels.int(),
+        "logits": out.logits.detach().float(), "loss": out.loss.detach().float().reshape(1),
+        "embeds": outs["embeds"], "soft_tokens": soft.detach(), "grad.soft_tokens": soft.grad,
+    }
+    for i in range(cfg.text_config.num_hidden_layers):
+        golden[f"hidden.{i}"] = outs[i]
+    for name, p in model.named_parameters():
+        if name.startswith("model.language_model."):
+            assert p.grad is not None, name
+            golden[f"grad.{name}"] = p.grad.detach().float()
+        else:
+            assert p.grad is None, name  # the tower is frozen: the soft tokens are a leaf
+    return {k: v.contiguous().numpy() for k, v in golden.items()}, float(out.loss)
 
 
 def main():
@@ -111,6 +205,11 @@ def main():
     meta = {"images": ",".join(IMAGES),
             "soft_tokens_per_image": ",".join(str(int(n)) for n in batch["num_soft_tokens_per_image"])}
     save_file(goldens, os.path.join(OUT, "golden.safetensors"), metadata=meta)
+    text, loss = text_golden(model, pixels, positions, [int(n) for n in batch["num_soft_tokens_per_image"]])
+    save_file(text, os.path.join(OUT, "golden_text.safetensors"),
+              metadata={"generator": f"tools/make_vision_fixtures.py transformers={transformers.__version__} "
+                                     f"torch={torch.__version__}"})
+    print(f"text with soft tokens: loss {loss:.6f}")
     print(f"wrote {OUT}: soft tokens per image {meta['soft_tokens_per_image']}, "
           f"{sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT)) / 1e6:.2f} MB")
 

@@ -34,11 +34,11 @@ Status SetProcessThreads(int flag);
 // HF_HUB_OFFLINE), logging download progress to stderr.
 HubOptions HubFromEnvironment();
 
-// --instruction-field, --context-field, --response-field: the data set's field names (finetune
-// and evaluate).
+// --instruction-field, --context-field, --response-field, --messages-field, --images-field...:
+// the data set's field names (finetune and evaluate).
 void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string* context,
                             std::string* response, std::string* messages, std::string* json_field,
-                            std::string* config, std::string* revision);
+                            std::string* config, std::string* revision, std::string* images);
 
 // Prints a failed Status as the one-line error of `command` and returns the exit code to use.
 int ReportError(const std::string& command, const Status& status);

@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "model/frozen_weights.h"
 #include "model/gemma4.h"
+#include "model/vision/image_encoder.h"
 #include "train/objectives/preference_step.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
@@ -119,8 +120,19 @@ Status Run(const EvaluateArgs& a) {
   forward_only.lora = m.lora;
   const int64_t row_len = pairs ? 2 * a.max_seq_len : a.max_seq_len;
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, row_len, forward_only));
+  // A model with a vision tower reads image parts: the processor counts each image's soft
+  // tokens for the template, and each batch's images run through the (frozen) tower.
+  std::unique_ptr<vision::ImageEncoder> encoder;
+  if (std::filesystem::is_directory(model_id, ec)) {
+    auto loaded = vision::ImageEncoder::Load(model_id);
+    if (loaded.ok())
+      encoder = std::move(*loaded);
+    else if (loaded.status().code() != StatusCode::kNotFound)
+      return loaded.status();
+  }
   TextOptions text;
   text.preference = pairs;
+  if (encoder) text.images = encoder->Tokens();
   ST_ASSIGN_OR_RETURN(text.kind, ParseTemplateKind(a.chat_template));
   ST_ASSIGN_OR_RETURN(text.train_on, ParseTrainOn(a.train_on));
   ST_ASSIGN_OR_RETURN(
@@ -156,6 +168,7 @@ Status Run(const EvaluateArgs& a) {
     const int64_t longest = set.length(rows.front());
     TokenBatch tb = Collate(set, rows, data.pad_id, false,
                             std::min(a.max_seq_len, std::max<int64_t>(8, (longest + 7) / 8 * 8)));
+    ST_RETURN_IF_ERROR(EncodeImages(encoder.get(), tb));
     ForwardResult r = engine.Forward(table, BatchOf(tb), &frozen);
     loss_sum += r.loss_sum;
     tokens += r.num_valid;
@@ -205,7 +218,8 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--dataset-split", a->dataset.split, "HF split syntax")->capture_default_str();
   AddDatasetFieldOptions(cmd, &a->dataset.instruction_field, &a->dataset.context_field,
                          &a->dataset.response_field, &a->dataset.messages_field,
-                         &a->dataset.json_field, &a->dataset.config, &a->dataset_revision);
+                         &a->dataset.json_field, &a->dataset.config, &a->dataset_revision,
+                         &a->dataset.images_field);
   cmd->add_option("--max-seq-len", a->max_seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--template", a->chat_template,
                   "How records become text: auto (gemma-chat when the tokenizer has Gemma 4's "

@@ -86,6 +86,8 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                                   o.dataset_field,
                                   "--messages-field",
                                   o.messages_field,
+                                  "--images-field",
+                                  o.images_field,
                                   "--num-epochs",
                                   s(o.num_epochs),
                                   "--batch-size-per-device",
@@ -536,7 +538,7 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   AddDatasetFieldOptions(cmd, &o.instruction_field, &o.context_field, &o.response_field,
                          &o.messages_field, &o.dataset_field, &o.dataset_config,
-                         &o.dataset_revision);
+                         &o.dataset_revision, &o.images_field);
   cmd->add_option("--num-epochs", o.num_epochs, "Epochs")->capture_default_str();
   cmd->add_option("--batch-size-per-device", o.batch_size_per_device,
                   "Sequences per worker per step")

@@ -6,13 +6,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "data/images/image.h"
-#include "model/vision/vision_tower.h"
+#include "model/vision/image_encoder.h"
 
 namespace st::cli {
 namespace {
@@ -37,31 +36,21 @@ double TowerFlops(const vision::VisionConfig& c, int64_t n) {
 
 Status Run(const ImagesArgs& a) {
   images::ImageProcessorConfig config;
-  const std::string processor = a.processor.empty() ? a.model : a.processor;
-  if (!processor.empty()) {
-    ST_ASSIGN_OR_RETURN(config, images::LoadImageProcessorConfig(processor));
-  }
-  std::unique_ptr<vision::VisionTower> tower;
-  if (!a.model.empty()) {
-    ST_ASSIGN_OR_RETURN(tower, vision::VisionTower::Load(a.model));
-    std::error_code ec;
-    const bool has_processor =
-        !a.processor.empty() ||
-        std::filesystem::exists(std::filesystem::path(a.model) / "processor_config.json", ec) ||
-        std::filesystem::exists(std::filesystem::path(a.model) / "preprocessor_config.json", ec);
-    if (!has_processor) {  // Gemma 4's processor with the tower's own patch and pooling
-      config.patch_size = tower->config().patch_size;
-      config.pooling_kernel_size = tower->config().pooling_kernel_size;
+  std::unique_ptr<vision::ImageEncoder> encoder;
+  const vision::VisionTower* tower = nullptr;
+  if (!a.model.empty()) {  // the model's tower and processor (or --processor's)
+    ST_ASSIGN_OR_RETURN(encoder,
+                        vision::ImageEncoder::Load(a.model, a.processor, a.max_soft_tokens));
+    ST_ASSIGN_OR_RETURN(tower, encoder->Tower());
+    config = encoder->processor();
+  } else {
+    if (!a.processor.empty()) {
+      ST_ASSIGN_OR_RETURN(config, images::LoadImageProcessorConfig(a.processor));
     }
-    if (tower->config().patch_size != config.patch_size ||
-        tower->config().pooling_kernel_size != config.pooling_kernel_size)
-      return InvalidArgument(StrCat("the processor's patch_size ", config.patch_size,
-                                    " and pooling_kernel_size ", config.pooling_kernel_size,
-                                    " differ from the vision tower's ", tower->config().patch_size,
-                                    " and ", tower->config().pooling_kernel_size));
+    if (a.max_soft_tokens > 0) config.max_soft_tokens = a.max_soft_tokens;
+    ST_RETURN_IF_ERROR(
+        images::ValidateImageProcessorConfig(config).WithContext("--max-soft-tokens"));
   }
-  if (a.max_soft_tokens > 0) config.max_soft_tokens = a.max_soft_tokens;
-  ST_RETURN_IF_ERROR(images::ValidateImageProcessorConfig(config).WithContext("--max-soft-tokens"));
   int64_t total = 0;
   for (const std::string& file : a.files) {
     ST_ASSIGN_OR_RETURN(const images::RgbImage img, images::ReadImageFile(file));

@@ -114,7 +114,7 @@ HubOptions HubFromEnvironment() {
 
 void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string* context,
                             std::string* response, std::string* messages, std::string* json_field,
-                            std::string* config, std::string* revision) {
+                            std::string* config, std::string* revision, std::string* images) {
   cmd->add_option("--dataset-config", *config,
                   "Config of a data set repository (its README `configs:`; default: its default)");
   cmd->add_option("--dataset-revision", *revision,
@@ -123,6 +123,10 @@ void AddDatasetFieldOptions(CLI::App* cmd, std::string* instruction, std::string
                   "Key of the records' list in a top-level JSON object (datasets' field=)");
   cmd->add_option("--messages-field", *messages,
                   "Column of conversation turns (default: detected, messages or conversations)");
+  cmd->add_option("--images-field", *images,
+                  "Column of a conversation set's images, taken in order by its turns' "
+                  "{\"type\": \"image\"} parts: a list (datasets' Image structs or paths "
+                  "relative to the data file) or one image (default: images, then image)");
   cmd->add_option("--instruction-field", *instruction,
                   "Field of the instruction (default: detected, Dolly's or Alpaca's layout)");
   cmd->add_option("--context-field", *context,

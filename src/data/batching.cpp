@@ -198,6 +198,9 @@ TokenBatch CollateStep(const TokenizedSet& set, const StepRows& rows, const Batc
       }
       b.real_tokens += n;
       pos = static_cast<int32_t>(n);
+      if (set.has_images())
+        for (int64_t k = set.image_offsets[i]; k < set.image_offsets[i + 1]; ++k)
+          b.images.push_back(&set.images[static_cast<size_t>(k)]);
     }
     // Padding after the last example continues its positions (it is masked as a key, and its
     // outputs feed nothing a real token sees).

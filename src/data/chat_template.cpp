@@ -63,6 +63,16 @@ std::string_view StripPythonWhitespace(std::string_view s) {
 
 void RenderedExample::Truncate(size_t n) {
   if (ids.size() <= n) return;
+  if (!image_spans.empty()) {  // the chat template only: no tail; an image is whole or absent
+    size_t keep = 0;
+    while (keep < image_spans.size() && image_spans[keep].second <= n) ++keep;
+    if (keep < image_spans.size()) n = std::min(n, image_spans[keep].first);
+    image_spans.resize(keep);
+    images.resize(keep);
+    ids.resize(n);
+    trained.resize(n);
+    return;
+  }
   const size_t keep_tail = tail < n ? tail : 0;
   std::move(ids.end() - static_cast<std::ptrdiff_t>(keep_tail), ids.end(),
             ids.begin() + static_cast<std::ptrdiff_t>(n - keep_tail));
@@ -117,7 +127,12 @@ Status ExampleRenderer::Render(const InstructionRecord& r, RenderedExample* out)
   out->ids.clear();
   out->trained.clear();
   out->tail = 0;
+  out->images.clear();
+  out->image_spans.clear();
   if (kind_ == TemplateKind::kGemmaChat) return RenderChat(r, out);
+  if (!r.images.empty())
+    return InvalidArgument(StrCat("the record has images; --template ", TemplateKindName(kind_),
+                                  " renders text only (use --template gemma-chat)"));
   RenderText(r, out);
   return Status::Ok();
 }
@@ -136,6 +151,36 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
     out->ids.push_back(id);
     out->trained.push_back(trained ? 1 : 0);
   };
+  int64_t parts = 0;
+  for (const ChatMessage& m : *messages) parts += m.images();
+  if (parts != static_cast<int64_t>(r.images.size()))
+    return InvalidArgument(StrCat("the record has ", parts, " image part", parts == 1 ? "" : "s",
+                                  " in its turns and ", r.images.size(), " image",
+                                  r.images.size() == 1 ? "" : "s",
+                                  "; each {\"type\": \"image\"} part takes the next image"));
+  if (parts > 0 && !images_.count)
+    return InvalidArgument(
+        "the record has images and the model has no vision tower (a Gemma 4 model whose "
+        "config.json has a vision_config, with processor_config.json, reads them)");
+  // An image block: the begin marker, one image token per soft token, the end marker; never a
+  // target (the end marker is one under --train-on all, as the text around it).
+  auto add_image = [&](int64_t index) -> Status {
+    const ImageRef& image = r.images[static_cast<size_t>(index)];
+    auto count = images_.count(image);
+    if (!count.ok())
+      return count.status().WithContext(
+          // A file's errors name it already; an embedded image is named by its stored path.
+          StrCat("image ", index + 1,
+                 image.bytes.empty() || image.path.empty() ? "" : " (" + image.path + ")"));
+    const size_t begin = out->ids.size();
+    add(images_.boi, all);
+    for (int64_t k = 0; k < *count; ++k) add(images_.image, false);
+    add(images_.eoi, all);
+    out->images.push_back(image);
+    out->image_spans.emplace_back(begin, out->ids.size());
+    return Status::Ok();
+  };
+  int64_t next_image = 0;
   std::vector<int32_t> head, whole;
   add(bos_, all);
   for (size_t i = 0; i < messages->size(); ++i) {
@@ -148,6 +193,26 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
     const bool model = m.role == "assistant";
     const std::string header = (model ? std::string("model") : m.role) + "\n";
     add(turn_open_, all);
+    if (!m.segments.empty()) {  // text, image, text...: each stretch of text tokenized alone
+      for (size_t k = 0; k < m.segments.size(); ++k) {
+        const std::string text = (k == 0 ? header : std::string()) + m.segments[k];
+        whole = tok_->Encode(text, false);
+        size_t first = whole.size();
+        if (model && !all) {
+          if (k == 0) {
+            head = tok_->Encode(header, false);
+            first = CommonPrefix(whole, head);
+          } else {
+            first = 0;
+          }
+        }
+        for (size_t j = 0; j < whole.size(); ++j) add(whole[j], all || j >= first);
+        if (k + 1 < m.segments.size()) ST_RETURN_IF_ERROR(add_image(next_image++));
+      }
+      add(turn_close_, all || model);
+      for (int32_t id : tok_->Encode("\n", false)) add(id, all);
+      continue;
+    }
     whole = tok_->Encode(header + std::string(StripPythonWhitespace(m.content)), false);
     // The trained part starts at the first token that covers content (a token that merged the
     // header's last characters with the content's first counts, as in transformers' masks).

@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -48,8 +50,23 @@ struct RenderedExample {
   // Trailing special tokens (the tokenizer's eos) that truncation keeps, as transformers'
   // truncation=True does; 0 for the chat template, which is cut at the end.
   size_t tail = 0;
-  // Cuts the example to at most n tokens (n >= 1), keeping the tail when it fits.
+  // The images whose soft tokens the example holds, in order, and where each one's block (begin
+  // marker, soft tokens, end marker) lies in `ids`: [begin, end).
+  std::vector<ImageRef> images;
+  std::vector<std::pair<size_t, size_t>> image_spans;
+  // Cuts the example to at most n tokens (n >= 1), keeping the tail when it fits. A cut inside an
+  // image's block cuts before the block: an image is whole or absent.
   void Truncate(size_t n);
+};
+
+// What image parts render to (a model with a vision tower): Gemma 4's begin marker `<|image>`, one
+// `<|image|>` per soft token, the end marker `<image|>`, as its processor expands the template's
+// `<|image|>`.
+struct ImageTokens {
+  int32_t boi = -1, image = -1, eoi = -1;
+  // The soft tokens an image becomes (the image processor's count; decodes the image). Its errors
+  // name what is wrong with the image; the renderer adds the record.
+  std::function<StatusOr<int64_t>(const ImageRef&)> count;
 };
 
 // Python's str.strip(): Unicode whitespace (and the separators U+001C..U+001F) at both ends.
@@ -83,6 +100,9 @@ class ExampleRenderer {
                             std::vector<int32_t>* out) const;
   // The id of `<turn|>` with gemma-chat (where a model turn ends), else -1.
   int32_t turn_close() const { return kind_ == TemplateKind::kGemmaChat ? turn_close_ : -1; }
+  // Image parts render as `tokens` says (gemma-chat only); without it a record with images is
+  // refused with a line naming a vision model.
+  void SetImageTokens(ImageTokens tokens) { images_ = std::move(tokens); }
 
   TemplateKind kind() const { return kind_; }
   TrainOn train_on() const { return train_on_; }
@@ -97,6 +117,7 @@ class ExampleRenderer {
   TrainOn train_on_ = TrainOn::kAll;
   PromptTemplate prompt_;
   int32_t bos_ = -1, turn_open_ = -1, turn_close_ = -1;
+  ImageTokens images_;
 };
 
 }  // namespace st

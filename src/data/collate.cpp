@@ -12,7 +12,10 @@ StatusOr<int32_t> ResolvePadId(const Tokenizer& tok, const CollateOptions& optio
 }
 
 void TokenizedSet::Add(std::span<const int32_t> example_ids,
-                       std::span<const uint8_t> example_trained) {
+                       std::span<const uint8_t> example_trained,
+                       std::span<const ImageRef> example_images) {
+  images.insert(images.end(), example_images.begin(), example_images.end());
+  image_offsets.push_back(static_cast<int64_t>(images.size()));
   ST_CHECK(example_ids.size() == example_trained.size());
   ST_CHECK(static_cast<int64_t>(example_ids.size()) <= T) << example_ids.size() << " > " << T;
   ids.insert(ids.end(), example_ids.begin(), example_ids.end());
@@ -30,20 +33,51 @@ void AddExample(RenderedExample e, const CollateOptions& options, TokenizedSet* 
   set->T = T;
   const int64_t n = static_cast<int64_t>(e.ids.size());
   if (n <= T) {
-    set->Add(e.ids, e.trained);
+    set->Add(e.ids, e.trained, e.images);
     return;
   }
   if (!options.split_long) {
     ++set->truncated;
+    const size_t images = e.images.size();
     e.Truncate(static_cast<size_t>(T));
-    set->Add(e.ids, e.trained);
+    set->images_dropped += static_cast<int64_t>(images - e.images.size());
+    set->Add(e.ids, e.trained, e.images);
     return;
   }
   ++set->split;
-  for (int64_t b = 0; b < n; b += T) {
-    const size_t len = static_cast<size_t>(std::min(T, n - b));
-    set->Add(std::span<const int32_t>(e.ids).subspan(static_cast<size_t>(b), len),
-             std::span<const uint8_t>(e.trained).subspan(static_cast<size_t>(b), len));
+  // Pieces of at most T tokens; a piece that would cut an image's block ends before it, so the
+  // image starts the next piece (an image longer than T is dropped with the text around it).
+  size_t image = 0;
+  auto piece = [&](int64_t b, int64_t end, size_t first_image, size_t images) {
+    if (end <= b) return;
+    set->Add(std::span<const int32_t>(e.ids).subspan(static_cast<size_t>(b),
+                                                     static_cast<size_t>(end - b)),
+             std::span<const uint8_t>(e.trained).subspan(static_cast<size_t>(b),
+                                                         static_cast<size_t>(end - b)),
+             std::span<const ImageRef>(e.images).subspan(first_image, images - first_image));
+  };
+  for (int64_t b = 0; b < n;) {
+    int64_t end = std::min(T + b, n);
+    const size_t first_image = image;
+    bool too_long = false;  // an image block longer than a piece, starting this one
+    while (image < e.image_spans.size() && static_cast<int64_t>(e.image_spans[image].first) < end) {
+      const int64_t lo = static_cast<int64_t>(e.image_spans[image].first);
+      if (static_cast<int64_t>(e.image_spans[image].second) > end) {  // cut inside the block
+        if (lo > b)
+          end = lo;
+        else
+          too_long = true;
+        break;
+      }
+      ++image;
+    }
+    if (too_long) {  // dropped with its tokens
+      ++set->images_dropped;
+      b = static_cast<int64_t>(e.image_spans[image++].second);
+      continue;
+    }
+    piece(b, end, first_image, image);
+    b = end;
   }
 }
 
@@ -87,6 +121,9 @@ TokenBatch Collate(const TokenizedSet& set, std::span<const int64_t> rows, int32
       b.labels[dst + t] = set.trained[src + t] ? id : kIgnoreIndex;
     }
     b.real_tokens += n;
+    for (int64_t k = set.image_offsets.size() > 1 ? set.image_offsets[rows[i]] : 0;
+         set.image_offsets.size() > 1 && k < set.image_offsets[rows[i] + 1]; ++k)
+      b.images.push_back(&set.images[static_cast<size_t>(k)]);
   }
   return b;
 }

@@ -37,12 +37,19 @@ struct TokenizedSet {
   int64_t truncated = 0;            // examples cut to T
   int64_t split = 0;                // examples split into pieces of at most T (split_long)
   int64_t untrained = 0;            // examples (pieces) with no trained token after the first
+  // The examples' images (a vision set), in order: example i holds images
+  // [image_offsets[i], image_offsets[i+1]). image_offsets stays {0} for a text set.
+  std::vector<ImageRef> images;
+  std::vector<int64_t> image_offsets{0};
+  int64_t images_dropped = 0;  // images cut off by truncation (with the rest of their example)
 
   int64_t size() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t length(int64_t i) const { return offsets[i + 1] - offsets[i]; }
   int64_t tokens() const { return static_cast<int64_t>(ids.size()); }
-  // Appends one example (ids and trained of equal length, at most T).
-  void Add(std::span<const int32_t> ids, std::span<const uint8_t> trained);
+  // Appends one example (ids and trained of equal length, at most T) and its images.
+  void Add(std::span<const int32_t> ids, std::span<const uint8_t> trained,
+           std::span<const ImageRef> example_images = {});
+  bool has_images() const { return !images.empty(); }
 };
 
 // A batch as the engine takes it: [B, T] rows, flat.
@@ -53,6 +60,14 @@ struct TokenBatch {
   std::vector<int32_t> labels;          // [B, T] input id, or kIgnoreIndex
   std::vector<int32_t> position_ids;    // [B, T] when rows hold packed examples, else empty
   int64_t real_tokens = 0;              // attention-mask ones
+  // The images of the batch's examples, row after row in position order (the order of their
+  // soft tokens in input_ids); pointers into the TokenizedSet.
+  std::vector<const ImageRef*> images;
+  // Their soft tokens [images' soft tokens, d] once a vision model encoded them (the trainer,
+  // evaluate), and the id of the positions they take; the engine places them (model/gemma4.h).
+  std::vector<float> soft_tokens;
+  int64_t soft_token_rows = 0;
+  int32_t soft_token_id = -1;
 };
 
 // The pad id to use: options.pad_id, else the tokenizer's pad, else its eos; error when none.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/chat_template.h"
 #include "data/data_files.h"
 #include "io/files.h"
 
@@ -180,6 +181,34 @@ std::string Normalise(const std::string& role) {
   if (role == "gpt" || role == "assistant" || role == "model" || role == "chatgpt")
     return "assistant";
   return role;
+}
+
+bool IsImagePart(const json& part) {
+  return part.is_object() && part.contains("type") && part["type"].is_string() &&
+         part["type"].get<std::string>() == "image";
+}
+
+// A content list with image parts: the stretches of text between them, each text part stripped
+// as Gemma 4's chat template strips it ({{ item['text'] | trim }}).
+bool ContentSegments(const json& c, ChatMessage* m) {
+  m->segments.assign(1, std::string());
+  m->content.clear();
+  for (const json& part : c) {
+    if (IsImagePart(part)) {
+      m->segments.emplace_back();
+      continue;
+    }
+    std::string_view text;
+    if (part.is_string())
+      text = part.get_ref<const std::string&>();
+    else if (part.is_object() && part.contains("text") && part["text"].is_string())
+      text = part["text"].get_ref<const std::string&>();
+    else
+      return false;
+    m->segments.back() += StripPythonWhitespace(text);
+    m->content += StripPythonWhitespace(text);
+  }
+  return true;
 }
 
 // A turn's content: a string, null, or a list of parts ({"type": "text", "text": ...}).
@@ -357,6 +386,17 @@ StatusOr<InstructionDataset> InstructionDataset::Open(const DatasetOptions& opti
     ds.columns_.clear();  // every column: the rewards may read any
   } else if (ds.layout_ == DatasetLayout::kConversation) {
     ds.columns_ = {ds.f_messages_};
+    const auto& cols = first.columns();
+    auto has = [&](const std::string& c) {
+      return std::find(cols.begin(), cols.end(), c) != cols.end();
+    };
+    ds.f_images_ = options.images_field;
+    if (!ds.f_images_.empty() && !cols.empty() && !has(ds.f_images_))
+      return InvalidArgument(
+          StrCat(first.path(), ": no column '", ds.f_images_, "' (--images-field)"));
+    if (ds.f_images_.empty() && !cols.empty())
+      ds.f_images_ = has("images") ? "images" : has("image") ? "image" : "";
+    if (!ds.f_images_.empty()) ds.columns_.push_back(ds.f_images_);
   } else if (ds.layout_ == DatasetLayout::kPreference) {
     ds.columns_ = {"chosen", "rejected"};
     const auto& cols = first.columns();
@@ -408,10 +448,38 @@ bool ParseTurns(const json& list, const std::string& field, std::vector<ChatMess
       return *why = StrCat("a turn of '", field, "' has no role/content (or from/value)"), false;
     ChatMessage m;
     m.role = Normalise(role->get<std::string>());
-    if (!ContentText(*content, &m.content))
-      return *why = StrCat("a turn of '", field, "' has content that is not text"), false;
+    const bool images =
+        content->is_array() && std::any_of(content->begin(), content->end(), IsImagePart);
+    if (images ? !ContentSegments(*content, &m) : !ContentText(*content, &m.content))
+      return *why = StrCat("a turn of '", field, "' has content that is not text or images"), false;
     out->push_back(std::move(m));
   }
+  return true;
+}
+
+// An image column's value: a list of images (TRL's `images`) or one (`image`); each datasets'
+// Image struct ({"bytes": ..., "path": ...}, bytes taking precedence) or a path.
+bool ParseImages(const json& v, const std::string& field, std::vector<ImageRef>* out,
+                 std::string* why) {
+  auto one = [&](const json& x, size_t k) {
+    ImageRef ref;
+    if (x.is_string()) {
+      ref.path = x.get<std::string>();
+    } else if (x.is_object()) {
+      if (auto b = x.find("bytes"); b != x.end() && b->is_string())
+        ref.bytes = b->get<std::string>();
+      if (auto p = x.find("path"); p != x.end() && p->is_string()) ref.path = p->get<std::string>();
+    }
+    if (ref.bytes.empty() && ref.path.empty())
+      return *why = StrCat("image ", k + 1, " of '", field,
+                           "' is neither a path nor a struct with bytes or a path"),
+             false;
+    out->push_back(std::move(ref));
+    return true;
+  };
+  if (!v.is_array()) return one(v, 0);
+  for (size_t k = 0; k < v.size(); ++k)
+    if (!one(v[k], k)) return false;
   return true;
 }
 
@@ -558,6 +626,11 @@ bool InstructionDataset::ToRecord(const Row& row, InstructionRecord* r, std::str
     auto it = rec.find(f_messages_);
     if (it == rec.end()) return *why = StrCat("no field '", f_messages_, "'"), false;
     if (!ParseTurns(*it, f_messages_, &r->messages, why)) return false;
+    r->images.clear();
+    const std::string& field =
+        f_images_.empty() ? (rec.contains("images") ? "images" : "image") : f_images_;
+    if (auto im = rec.find(field); im != rec.end() && !im->is_null())
+      if (!ParseImages(*im, field, &r->images, why)) return false;
     bool answered = false;
     for (const ChatMessage& m : r->messages) answered |= m.role == "assistant";
     if (!answered) return *why = "the conversation has no assistant turn", false;
@@ -603,6 +676,10 @@ Status InstructionDataset::ForEach(const std::function<Status(const InstructionR
                       return Status::Ok();
                     }
                     ++rep.used;
+                    // Image paths relative to the data set: to the data file's folder.
+                    for (ImageRef& im : r.images)
+                      if (im.bytes.empty() && fs::path(im.path).is_relative())
+                        im.path = (fs::path(f.path()).parent_path() / im.path).string();
                     return fn(r);
                   });
     if (!s.ok()) break;

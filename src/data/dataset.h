@@ -52,6 +52,23 @@ StatusOr<SplitSpec> ParseSplit(std::string_view text);
 // system; others are kept as written.
 struct ChatMessage {
   std::string role, content;
+  // A turn whose content list holds images ({"type": "image"} parts): the text between them,
+  // images + 1 pieces, each the turn's text parts in that stretch stripped and joined, as Gemma
+  // 4's chat template renders them (`content` is then the pieces joined). Empty for a text-only
+  // turn.
+  std::vector<std::string> segments = {};
+  int64_t images() const {
+    return segments.empty() ? 0 : static_cast<int64_t>(segments.size()) - 1;
+  }
+};
+
+// An image of a record as the data set holds it: the encoded file (datasets' Image feature in
+// Parquet is a struct of `bytes` and `path`), or a path to read it from (a string, or that struct
+// with no bytes; relative to the data file's folder). `path` also names an embedded image in
+// messages.
+struct ImageRef {
+  std::string bytes;  // the encoded image (JPEG, PNG, WebP), or empty: read `path`
+  std::string path;
 };
 
 // One instruction record. `line` is the 1-based line (text files) or row (Parquet) of its file.
@@ -60,6 +77,9 @@ struct InstructionRecord {
   int64_t line = 0;
   std::string instruction, context, response;
   std::vector<ChatMessage> messages;
+  // The record's images, in the order of the image parts of its turns (TRL's vision layout: an
+  // `images` list column, or one `image`).
+  std::vector<ImageRef> images;
   // A preference record (DatasetLayout::kPreference, TRL's layouts): the prompt and the two
   // completions, as text or (conversational) as turns. An implicit prompt (only chosen and
   // rejected, each holding the whole exchange) is extracted as TRL's extract_prompt does: the
@@ -93,6 +113,8 @@ struct DatasetOptions {
   // Prompt-only data (a `prompt` column, text or conversation, TRL's GRPOTrainer layout) for
   // online RL; every column is kept for the rewards.
   bool prompts = false;
+  // The image column of a conversation set ("" = detected: images, then image).
+  std::string images_field = {};
 };
 
 // What reading a split found. Skipped records are listed (up to kMaxListed) with their reasons.
@@ -136,7 +158,7 @@ class InstructionDataset {
   std::string config_;
   SplitSpec split_;
   DatasetLayout layout_ = DatasetLayout::kDetect;
-  std::string f_instruction_, f_context_, f_response_, f_messages_;
+  std::string f_instruction_, f_context_, f_response_, f_messages_, f_images_;
   std::vector<std::string> columns_;  // the columns a record needs (Parquet reads only these)
   int64_t begin_ = 0, end_ = INT64_MAX;
 };

@@ -350,19 +350,21 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
   const Ops& ops = OpsFor(backend_, options_.precision);
   const int64_t N = b.B * b.T, d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input, V = cfg_.vocab_size;
-  const int32_t* ids = b.input_ids;
-  for (int64_t n = 0; n < N; ++n)
-    ST_CHECK(ids[n] >= 0 && ids[n] < V) << "token id " << ids[n] << " outside the vocabulary";
+  const int32_t* ids = TokenIds(b);
   auto W = [&](int idx) { return t.param[idx]; };
   last_N_ = N;
 
-  // Embeddings: x0 = E[ids] * sqrt(d)   [N,d]
+  // Embeddings: x0 = E[ids] * sqrt(d)   [N,d]; soft-token positions take their rows as they are.
   float* x0 = Act(plan_.resid[0]);
   if (const float* table = W(reg_.embed_tokens))
     ops.EmbeddingForward(ids, table, x0, N, d, std::sqrt(static_cast<float>(d)));
   else  // frozen and left in the checkpoint (FrozenWeights): the batch's rows
     t.rows.at(reg_.embed_tokens)
         ->GatherRows(reg_.embed_tokens, ids, N, std::sqrt(static_cast<float>(d)), x0);
+  if (b.num_soft_tokens > 0)
+    for (int64_t n = 0, s = 0; n < N; ++n)
+      if (b.input_ids[n] == b.soft_token_id)
+        std::memcpy(x0 + n * d, b.soft_tokens + (s++) * d, static_cast<size_t>(d) * sizeof(float));
 
   // Per-layer inputs: ple[l] = (norm(x0 Wplmp^T / sqrt(d)) + Epl[ids] * sqrt(P)) / sqrt(2)
   if (P > 0) {
@@ -414,6 +416,33 @@ ForwardResult Gemma4Engine::Forward(const ParamTable& t, const Batch& b, ParamHo
     r.loss_sum = HeadLossForward(t);
   }
   return r;
+}
+
+const int32_t* Gemma4Engine::TokenIds(const Batch& b) {
+  const int64_t N = b.B * b.T, V = cfg_.vocab_size;
+  const int32_t* ids = b.input_ids;
+  if (b.num_soft_tokens == 0 && b.soft_tokens == nullptr) {
+    for (int64_t n = 0; n < N; ++n)
+      ST_CHECK(ids[n] >= 0 && ids[n] < V) << "token id " << ids[n] << " outside the vocabulary";
+    return ids;
+  }
+  ST_CHECK(b.soft_tokens != nullptr && b.num_soft_tokens > 0)
+      << "soft tokens: " << b.num_soft_tokens << " rows given at " << b.soft_tokens;
+  ids_.resize(static_cast<size_t>(N));
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    if (ids[n] == b.soft_token_id) {
+      ids_[n] = static_cast<int32_t>(cfg_.pad_token_id);
+      ++count;
+      continue;
+    }
+    ST_CHECK(ids[n] >= 0 && ids[n] < V) << "token id " << ids[n] << " outside the vocabulary";
+    ids_[n] = ids[n];
+  }
+  ST_CHECK(count == b.num_soft_tokens)
+      << "the batch has " << count << " positions of soft token " << b.soft_token_id << " for "
+      << b.num_soft_tokens << " soft tokens";
+  return ids_.data();
 }
 
 const int32_t* Gemma4Engine::DocumentStarts(const Batch& b) {
@@ -859,7 +888,7 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
                   hooks);
 
   // dx now holds d loss / d x0 through the residual stream; add the PLE projection path.
-  const int32_t* ids = b.input_ids;
+  const int32_t* ids = TokenIds(b);
   if (P > 0) {
     const float* dple = Act(plan_.dple);  // [L,N,P]
     float* dsum = Act(plan_.dp1);         // [N, L*P] gradient of (proj_normed + tok)
@@ -877,6 +906,12 @@ void Gemma4Engine::Backward(const ParamTable& t, const Batch& b, float grad_scal
     LinearBack(t, reg_.per_layer_model_projection, Act(plan_.resid[0]), dproj, dx, N, d, L * P,
                1.0f / std::sqrt(static_cast<float>(d)), true);
   }
+  // Soft-token positions: their gradient goes to the tower (the pad row's is skipped below).
+  if (b.soft_tokens_grad)
+    for (int64_t n = 0, s = 0; n < N; ++n)
+      if (b.input_ids[n] == b.soft_token_id)
+        std::memcpy(b.soft_tokens_grad + (s++) * d, dx + n * d,
+                    static_cast<size_t>(d) * sizeof(float));
   if (float* g = G(reg_.embed_tokens))
     ops.EmbeddingBackward(ids, dx, g, N, d, std::sqrt(static_cast<float>(d)),
                           static_cast<int32_t>(cfg_.pad_token_id));

@@ -40,6 +40,17 @@ struct Batch {
   // differentiates. An objective other than the mean token loss (train/objectives/) sets it from
   // the forward's TargetLogProbs before the backward runs; the buffer is read by Backward only.
   const float* loss_weights = nullptr;
+  // Soft tokens (a vision tower's output, model/vision/): [num_soft_tokens, d] rows that stand in,
+  // in order, for the positions whose input id is `soft_token_id` (Gemma 4's image token), as
+  // transformers' Gemma4Model places them: such a position embeds as its row (not E[id] sqrt(d)),
+  // its per-layer token part is the pad token's and its PLE projection reads the row; the pad
+  // row of either table gets no gradient from it. The id may lie outside the vocabulary.
+  const float* soft_tokens = nullptr;
+  int64_t num_soft_tokens = 0;
+  int32_t soft_token_id = -1;
+  // [num_soft_tokens, d] or null: where Backward writes d(loss)/d(soft tokens), for a tower that
+  // trains (overwritten, not accumulated).
+  float* soft_tokens_grad = nullptr;
 };
 
 struct ForwardResult {
@@ -242,6 +253,9 @@ class Gemma4Engine {
   void BuildRopeTables();
   // doc_start_ from the batch's position ids (checked), or null when it has none.
   const int32_t* DocumentStarts(const Batch& b);
+  // The ids the embedding tables read: the batch's, or ids_ with every soft-token position set to
+  // the pad id (checked: as many positions as soft tokens, and every other id in the vocabulary).
+  const int32_t* TokenIds(const Batch& b);
 
   void LayerForward(int64_t i, const ParamTable& t, const Batch& b, const AttnMask& mask,
                     ParamHooks* hooks);
@@ -304,6 +318,7 @@ class Gemma4Engine {
   std::vector<int32_t> targets_;     // [N] labels shifted left by one, -100 at each row's end
   std::vector<int32_t> rows_;        // the rows with a target, in order (the head's compacted rows)
   std::vector<int32_t> doc_start_;   // [N] from Batch::position_ids: each token's first visible key
+  std::vector<int32_t> ids_;         // [N] the input ids with soft-token positions as the pad id
   AlignedBuffer head_w_;             // frozen head: one vocabulary block's weights (fp32)
   std::vector<float> whole_logits_;  // the oracle's [N, V] logits (EngineOptions::whole_logits)
   ParamTable arena_table_;

@@ -6,6 +6,17 @@
 
 namespace st {
 
+Status EncodeImages(const vision::ImageEncoder* encoder, TokenBatch& tb) {
+  if (tb.images.empty()) return Status::Ok();
+  // Only a vision model's template renders image parts (text.images); this cannot happen.
+  ST_CHECK(encoder != nullptr) << "a batch with images and no vision model";
+  ST_ASSIGN_OR_RETURN(tb.soft_tokens, encoder->Encode(tb.images));
+  tb.soft_token_rows =
+      static_cast<int64_t>(tb.soft_tokens.size()) / encoder->config().text_hidden_size;
+  tb.soft_token_id = encoder->config().image_token_id;
+  return Status::Ok();
+}
+
 StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
                                std::span<const StepRows> micro, const BatchingOptions& batching,
                                TrainState& state) {
@@ -22,6 +33,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   int64_t local_targets = 0;
   for (const StepRows& rows : micro) {
     tbs.push_back(CollateStep(set, rows, batching));
+    ST_RETURN_IF_ERROR(EncodeImages(p.images, tbs.back()));
     const TokenBatch& tb = tbs.back();
     out.real_tokens += tb.real_tokens;
     out.tokens += tb.B * tb.T;

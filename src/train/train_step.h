@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "data/batching.h"
 #include "model/gemma4.h"
+#include "model/vision/image_encoder.h"
 #include "optim/adamw.h"
 #include "parallel/fsdp.h"
 #include "train/step_metrics.h"
@@ -24,13 +25,22 @@ namespace st {
 
 // The engine's view of a collated batch (no copy; tb must outlive it).
 inline Batch BatchOf(const TokenBatch& tb) {
-  return Batch{tb.input_ids.data(),
-               tb.attention_mask.data(),
-               tb.labels.data(),
-               tb.B,
-               tb.T,
-               tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+  Batch b{tb.input_ids.data(),
+          tb.attention_mask.data(),
+          tb.labels.data(),
+          tb.B,
+          tb.T,
+          tb.position_ids.empty() ? nullptr : tb.position_ids.data()};
+  if (tb.soft_token_rows > 0) {
+    b.soft_tokens = tb.soft_tokens.data();
+    b.num_soft_tokens = tb.soft_token_rows;
+    b.soft_token_id = tb.soft_token_id;
+  }
+  return b;
 }
+
+// A vision model's soft tokens for the batch's images into tb (none: nothing to do).
+Status EncodeImages(const vision::ImageEncoder* encoder, TokenBatch& tb);
 
 // The LoRA dropout masks' seed of micro-batch k of the step after global_step on `rank`: they
 // differ per step, micro-batch and rank, and are the same when a resumed run redoes a step.
@@ -49,6 +59,8 @@ struct StepParts {
   comm::CollectiveOptions collective;
   uint64_t seed = 0;  // the run's: with the step and the rank, the LoRA dropout masks' seed
   bool sync_each_batch = false;  // every micro-batch reduce-scatters (--sync-each-batch)
+  // A vision model's processor and frozen tower: the batches' images into soft tokens.
+  const vision::ImageEncoder* images = nullptr;
 };
 
 struct StepResult {

@@ -23,6 +23,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "model/gemma4.h"
+#include "model/vision/image_encoder.h"
 #include "optim/adamw.h"
 #include "parallel/fsdp.h"
 #include "train/checkpoint.h"
@@ -87,6 +88,7 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
                        PreferenceSet{}, PromptSet{}, DatasetReport{}};
   ST_ASSIGN_OR_RETURN(ExampleRenderer renderer,
                       ExampleRenderer::Create(data.tokenizer, text.kind, text.train_on));
+  if (text.images.count) renderer.SetImageTokens(text.images);
   if (text.prompts) {
     data.prompts = PromptSet(max_seq_len);
     const bool chat = renderer.kind() == TemplateKind::kGemmaChat;
@@ -196,6 +198,7 @@ DatasetOptions DatasetOf(const FinetuneOptions& o) {
   d.config = o.dataset_config;
   d.json_field = o.dataset_field;
   d.messages_field = o.messages_field;
+  d.images_field = o.images_field;
   return d;
 }
 
@@ -356,6 +359,8 @@ struct RunInputs {
   BatchingOptions batching;
   int64_t steps_per_epoch = 0;
   Trainable trainable;
+  // A model with a vision tower: its processor and frozen tower (image parts in the data).
+  std::unique_ptr<vision::ImageEncoder> images;
 };
 
 // The split name of HF split syntax: "train" of "train[:10%]".
@@ -385,8 +390,20 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   // a while to parse; copies share it).
   ST_ASSIGN_OR_RETURN(RunTokenizer tok,
                       LoadRunTokenizer(m.config, o.model_id, o.tokenizer, o.data_dir));
+  // A model with a vision tower reads image parts (its tower's weights only once a batch has
+  // images); the tower stays frozen.
+  std::unique_ptr<vision::ImageEncoder> images;
+  if (from_dir) {
+    StatusOr<std::unique_ptr<vision::ImageEncoder>> loaded = vision::ImageEncoder::Load(o.model_id);
+    if (loaded.ok())
+      images = std::move(*loaded);
+    else if (loaded.status().code() != StatusCode::kNotFound)
+      return loaded.status();
+  }
+  TextOptions text = TextOf(o);
+  if (images) text.images = images->Tokens();
   ST_ASSIGN_OR_RETURN(InstructionData data,
-                      LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, TextOf(o)));
+                      LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, text));
   const TokenizedSet& set = o.objective == "sft"    ? data.examples
                             : o.objective == "grpo" ? data.prompts.prompts
                                                     : data.pairs.pairs;
@@ -411,16 +428,15 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
     DatasetOptions d = DatasetOf(o);
     if (!o.eval_dataset.empty()) d.path = o.eval_dataset;
     d.split = o.eval_split;
-    StatusOr<InstructionData> loaded =
-        LoadInstructionData(tok, d, o.max_seq_len, o.data_dir, TextOf(o));
+    StatusOr<InstructionData> loaded = LoadInstructionData(tok, d, o.max_seq_len, o.data_dir, text);
     if (!loaded.ok()) return loaded.status().WithContext("--eval-split " + o.eval_split);
     InstructionData e = std::move(*loaded);
     ST_RETURN_IF_ERROR(CheckDisjoint(data.report, o.dataset_split, e.report, o.eval_split));
     eval = std::move(e);
   }
   ST_ASSIGN_OR_RETURN(Trainable trainable, TrainableTensors(m.registry, o.freeze));
-  return RunInputs{std::move(m), from_dir,        std::move(data),     std::move(eval),
-                   batching,     steps_per_epoch, std::move(trainable)};
+  return RunInputs{std::move(m), from_dir,        std::move(data),      std::move(eval),
+                   batching,     steps_per_epoch, std::move(trainable), std::move(images)};
 }
 
 // Where the run writes: <storage>/<run name>. Rank 0 creates it and clears the pending
@@ -852,8 +868,15 @@ Status Trainer::RunEpoch(TrainState& state) {
     if (o_.max_steps > 0 && state.global_step >= o_.max_steps) break;
     AdamWConfig adam = adam_;  // this step's learning rate
     adam.lr = schedule_.At(state.global_step);
-    const StepParts parts{engine_, fsdp_,       adam,    o_.max_grad_norm,
-                          pg_,     collective_, o_.seed, o_.sync_each_batch};
+    const StepParts parts{engine_,
+                          fsdp_,
+                          adam,
+                          o_.max_grad_norm,
+                          pg_,
+                          collective_,
+                          o_.seed,
+                          o_.sync_each_batch,
+                          in_.images.get()};
     const int64_t j = i / R;  // the planned step (a GRPO round's)
     const std::span<const StepRows> micro = std::span<const StepRows>(plan).subspan(
         static_cast<size_t>(j * K),
@@ -972,7 +995,11 @@ StatusOr<double> Trainer::Evaluate(TrainState& state, bool at_epoch_end) {
   int64_t targets = 0;
   engine_.SetDropout(false);
   for (const StepRows& rows : PlanEpoch(set, b, world_, rank_, 0)) {
-    const TokenBatch tb = CollateStep(set, rows, b);
+    TokenBatch tb = CollateStep(set, rows, b);
+    if (Status s = EncodeImages(in_.images.get(), tb); !s.ok()) {
+      engine_.SetDropout(true);
+      return s;
+    }
     const Batch batch = BatchOf(tb);
     StatusOr<ForwardResult> r = fsdp_.Forward(engine_, batch);
     if (!r.ok()) {

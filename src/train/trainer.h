@@ -44,6 +44,7 @@ struct FinetuneOptions {
   // A data set repository's config and revision, a JSON file's records key, the conversation
   // column (see DatasetOptions; hub ids are resolved to a local snapshot before the run).
   std::string dataset_config, dataset_revision, dataset_field, messages_field;
+  std::string images_field;  // a conversation set's image column ("" = images, then image)
   int64_t num_epochs = 3;
   int64_t batch_size_per_device = 4;
   // Micro-batches of batch_size_per_device per optimizer step (transformers'
@@ -186,6 +187,9 @@ struct TextOptions {
   bool preference = false;
   // Prompt-only records (--objective grpo) into InstructionData::prompts.
   bool prompts = false;
+  // A vision model's image parts (vision::ImageEncoder::Tokens); unset: records with images are
+  // refused.
+  ImageTokens images;
 };
 
 struct InstructionData {

@@ -143,6 +143,16 @@ StatusOr<VisionConfig> ReadVisionConfig(const std::string& model_dir) {
     else
       c.text_hidden_size = *w;
   }
+  for (auto [key, field] :
+       {std::pair{"boi_token_id", &c.boi_token_id}, std::pair{"image_token_id", &c.image_token_id},
+        std::pair{"eoi_token_id", &c.eoi_token_id}}) {
+    if (!err.ok() || !j.contains(key)) continue;
+    StatusOr<int> id = Int(j, key, *field);
+    if (!id.ok() || *id < 0)
+      err = InvalidArgument(StrCat(key, " must be a token id"));
+    else
+      *field = *id;
+  }
   if (!err.ok()) return err.WithContext(path);
   return c;
 }

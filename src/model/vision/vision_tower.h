@@ -42,6 +42,9 @@ struct VisionConfig {
   bool use_clipped_linears = false;
   bool standardize = false;
   int text_hidden_size = 0;
+  // The top level's token ids (Gemma4Config's defaults when absent): the begin marker `<|image>`,
+  // the soft-token placeholder `<|image|>` and the end marker `<image|>`.
+  int32_t boi_token_id = 255999, image_token_id = 258880, eoi_token_id = 258882;
 };
 
 // From a model directory's config.json: NotFound when it has no vision tower (a text-only model,

@@ -1,0 +1,90 @@
+#include "model/vision/image_encoder.h"
+
+#include <filesystem>
+
+namespace st::vision {
+
+StatusOr<std::unique_ptr<ImageEncoder>> ImageEncoder::Load(const std::string& model_dir,
+                                                           const std::string& processor,
+                                                           int max_soft_tokens) {
+  std::unique_ptr<ImageEncoder> e(new ImageEncoder());
+  e->model_dir_ = model_dir;
+  ST_ASSIGN_OR_RETURN(e->config_, ReadVisionConfig(model_dir));
+  const VisionConfig& c = e->config_;
+  std::error_code ec;
+  const std::filesystem::path dir(model_dir);
+  const bool own = std::filesystem::exists(dir / "processor_config.json", ec) ||
+                   std::filesystem::exists(dir / "preprocessor_config.json", ec);
+  if (!processor.empty() || own) {
+    ST_ASSIGN_OR_RETURN(
+        e->processor_, images::LoadImageProcessorConfig(processor.empty() ? model_dir : processor));
+  } else {  // Gemma 4's processor with the tower's own patch and pooling
+    e->processor_.patch_size = c.patch_size;
+    e->processor_.pooling_kernel_size = c.pooling_kernel_size;
+  }
+  if (c.patch_size != e->processor_.patch_size ||
+      c.pooling_kernel_size != e->processor_.pooling_kernel_size)
+    return InvalidArgument(StrCat("the processor's patch_size ", e->processor_.patch_size,
+                                  " and pooling_kernel_size ", e->processor_.pooling_kernel_size,
+                                  " differ from the vision tower's ", c.patch_size, " and ",
+                                  c.pooling_kernel_size));
+  if (max_soft_tokens > 0) e->processor_.max_soft_tokens = max_soft_tokens;
+  ST_RETURN_IF_ERROR(
+      images::ValidateImageProcessorConfig(e->processor_).WithContext("--max-soft-tokens"));
+  return e;
+}
+
+StatusOr<const VisionTower*> ImageEncoder::Tower() const {
+  if (!tower_) {
+    ST_ASSIGN_OR_RETURN(tower_, VisionTower::Load(model_dir_));
+  }
+  return tower_.get();
+}
+
+StatusOr<images::RgbImage> ImageEncoder::Decode(const ImageRef& ref) {
+  if (ref.bytes.empty()) return images::ReadImageFile(ref.path);
+  StatusOr<images::RgbImage> img =
+      images::DecodeImage(reinterpret_cast<const uint8_t*>(ref.bytes.data()), ref.bytes.size());
+  if (!img.ok() && !ref.path.empty()) return img.status().WithContext(ref.path);
+  return img;
+}
+
+StatusOr<int64_t> ImageEncoder::CountSoftTokens(const ImageRef& ref) const {
+  ST_ASSIGN_OR_RETURN(const images::RgbImage img, Decode(ref));
+  const images::ImageProcessorConfig& p = processor_;
+  ST_ASSIGN_OR_RETURN(const images::Size size,
+                      images::AspectRatioPreservingSize(img.height, img.width, p.patch_size,
+                                                        p.max_patches(), p.pooling_kernel_size));
+  const int64_t patches = int64_t(size.height / p.patch_size) * int64_t(size.width / p.patch_size);
+  return patches / (int64_t(p.pooling_kernel_size) * p.pooling_kernel_size);
+}
+
+ImageTokens ImageEncoder::Tokens() const {
+  ImageTokens t;
+  t.boi = config().boi_token_id;
+  t.image = config().image_token_id;
+  t.eoi = config().eoi_token_id;
+  t.count = [this](const ImageRef& ref) { return CountSoftTokens(ref); };
+  return t;
+}
+
+StatusOr<std::vector<float>> ImageEncoder::Encode(std::span<const ImageRef* const> refs) const {
+  if (refs.empty()) return std::vector<float>();
+  ST_ASSIGN_OR_RETURN(const VisionTower* tower, Tower());
+  const int max_patches = processor_.max_patches(), dim = processor_.patch_dim();
+  std::vector<float> pixels(refs.size() * size_t(max_patches) * dim);
+  std::vector<int32_t> positions(refs.size() * size_t(max_patches) * 2);
+  for (size_t i = 0; i < refs.size(); ++i) {
+    ST_ASSIGN_OR_RETURN(const images::RgbImage img, Decode(*refs[i]));
+    StatusOr<images::ProcessedImage> p = images::ProcessImage(img, processor_);
+    if (!p.ok()) return p.status().WithContext(refs[i]->path);
+    std::copy(p->pixel_values.begin(), p->pixel_values.end(),
+              pixels.begin() + std::ptrdiff_t(i * size_t(max_patches) * dim));
+    std::copy(p->positions.begin(), p->positions.end(),
+              positions.begin() + std::ptrdiff_t(i * size_t(max_patches) * 2));
+  }
+  return tower->Forward(pixels.data(), positions.data(), static_cast<int>(refs.size()),
+                        max_patches);
+}
+
+}  // namespace st::vision
