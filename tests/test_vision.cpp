@@ -14,8 +14,10 @@
 
 #include "io/hf_model.h"
 #include "io/safetensors.h"
+#include "model/decode.h"
 #include "model/gemma4.h"
 #include "model/vision/vision_tower.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 namespace st {
@@ -224,6 +226,26 @@ TEST_P(VisionText, SoftTokensInTheSequenceEqualTransformers) {
   batch.soft_tokens = ours->data();
   batch.soft_tokens_grad = nullptr;
   EXPECT_NEAR(engine.Forward(params.data(), batch).Loss(), loss, kTol * loss);
+
+  // The KV-cached decoder (generate, chat) places them alike: each row fed in chunks of 16 (the
+  // images cross chunks), the logits after its last real token as transformers'.
+  const ArenaWeights source(reg, params.data());
+  const DecodeWeights weights(reg, source);
+  const int64_t real[2] = {T, 77}, first_soft[2] = {0, 63};
+  for (int64_t row = 0; row < B; ++row) {
+    Gemma4Decoder dec(*cfg, reg, weights, T, 16);
+    const std::span<const int32_t> row_ids(ids.data() + row * T, static_cast<size_t>(real[row]));
+    const int64_t n = std::count(row_ids.begin(), row_ids.end(), image_token);
+    std::vector<float> last(static_cast<size_t>(V));
+    const SoftTokens st{soft.data() + first_soft[row] * d, n, image_token};
+    ASSERT_TRUE(dec.Append(0, row_ids, last.data(), st).ok());
+    const float* want = expect.data() + (row * T + real[row] - 1) * V;
+    EXPECT_LT(Rel(last.data(), want, V), kTol) << "decoder, row " << row;
+    // Without its soft tokens the row is refused, not read past.
+    Gemma4Decoder again(*cfg, reg, weights, T, 16);
+    EXPECT_FALSE(
+        again.Append(0, row_ids, last.data(), SoftTokens{soft.data(), n - 1, image_token}).ok());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, VisionText, ::testing::Values(Backend::kCpu, Backend::kRef),

@@ -11,7 +11,8 @@ computes on it, for tests/test_vision_data.cpp and `slicetrain evaluate`:
                {"type": "image"} and {"type": "text"} parts) and `images` (a list of datasets.Image:
                Parquet structs of the encoded bytes and the path)
   data/train.jsonl    the same records with `images` as paths relative to the file
-  golden.json  per record the tokens, the soft tokens per image and the summed loss; the set's loss
+  golden.json  per record the tokens, the soft tokens per image and the summed loss; the set's loss;
+               12 greedy tokens after an image and a question (generate)
 
 Each record goes through transformers as Gemma4Processor takes it, step by step: Google's Gemma 4
 chat template (TRL's copy, gemma4_v5.jinja) renders the conversation with `<|image|>` per image part;
@@ -133,6 +134,20 @@ def main():
         count += int(keep.sum())
     golden["loss"] = total / count
     golden["targets"] = count
+
+    # Greedy generation after an image and a question (the generation prompt of the template).
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]}]
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    batch = proc(images=[Image.open(os.path.join(IMAGES, "rgb420_61x43.jpg"))], return_tensors="pt")
+    n = int(batch["num_soft_tokens_per_image"][0])
+    text = text.replace(IMAGE, BOI + IMAGE * n + EOI)
+    prompt = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(input_ids=prompt, pixel_values=batch["pixel_values"].float(),
+                             image_position_ids=batch["image_position_ids"], max_new_tokens=12,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    golden["generate"] = {"prompt": "Describe the image.", "image": "rgb420_61x43.jpg",
+                          "prompt_ids": prompt[0].tolist(), "new_ids": out[0, prompt.shape[1]:].tolist()}
     with open(os.path.join(OUT, "golden.json"), "w") as f:
         json.dump(golden, f, indent=1)
         f.write("\n")

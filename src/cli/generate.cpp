@@ -20,6 +20,7 @@ namespace {
 struct GenerateArgs {
   std::string model_id, adapter, tokenizer, data_dir, prompts_file, system, chat_template = "auto";
   std::vector<std::string> prompts;
+  std::vector<std::string> images;  // shown before each prompt (chat: before the first turn)
   std::string prompt_ids;
   std::string weights_dtype = "auto";
   std::string precision = "fp32";
@@ -134,6 +135,13 @@ nlohmann::json ToJson(const Generation& g) {
           {"decode_tokens_per_s", g.DecodeTokensPerSecond()}};
 }
 
+// Image files as the data sets' image references (paths, read when encoded).
+std::vector<ImageRef> ImageRefs(const std::vector<std::string>& paths) {
+  std::vector<ImageRef> refs;
+  for (const std::string& p : paths) refs.push_back(ImageRef{"", p});
+  return refs;
+}
+
 Status RunGenerate(GenerateArgs a) {
   const int sources = (a.prompts.empty() ? 0 : 1) + (a.prompts_file.empty() ? 0 : 1) +
                       (a.prompt_ids.empty() ? 0 : 1);
@@ -156,10 +164,14 @@ Status RunGenerate(GenerateArgs a) {
   std::function<void(std::string_view)> on_text;
   if (!a.json) on_text = stream;
   const size_t n = ids.empty() ? a.prompts.size() : 1;
+  if (!a.images.empty() && !ids.empty())
+    return InvalidArgument("--image goes with --prompt or --prompts, not --prompt-ids");
+  const std::vector<ImageRef> images = ImageRefs(a.images);
   for (size_t i = 0; i < n; ++i) {
     conv.Reset();
-    StatusOr<Generation> r = ids.empty() ? conv.Reply(a.prompts[i], a.system, a.gen, on_text)
-                                         : conv.Continue(ids, a.gen, on_text);
+    StatusOr<Generation> r = ids.empty()
+                                 ? conv.Reply(a.prompts[i], a.system, a.gen, on_text, images)
+                                 : conv.Continue(ids, a.gen, on_text);
     if (!r.ok()) return r.status().WithContext(n > 1 ? StrCat("prompt ", i + 1) : "");
     if (a.json) {
       nlohmann::json j = ToJson(*r);
@@ -190,6 +202,7 @@ Status RunChat(const GenerateArgs& a) {
                  g->model.source.c_str(), TemplateKindName(g->renderer->kind()));
   std::string line;
   bool first = true;
+  std::vector<ImageRef> images = ImageRefs(a.images);  // shown with the next user turn
   for (;;) {
     if (tty) std::fprintf(stderr, "> ");
     if (!std::getline(std::cin, line)) break;
@@ -198,15 +211,24 @@ Status RunChat(const GenerateArgs& a) {
     if (line == "/reset") {
       conv.Reset();
       first = true;
+      images.clear();
       if (tty) std::fprintf(stderr, "(new conversation)\n");
       continue;
     }
+    if (line.rfind("/image ", 0) == 0) {
+      images.push_back(ImageRefs({line.substr(7)}).front());
+      if (tty) std::fprintf(stderr, "(image %zu goes with your next message)\n", images.size());
+      continue;
+    }
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    StatusOr<Generation> r =
-        conv.Reply(line, first ? a.system : "", a.gen, [](std::string_view piece) {
+    StatusOr<Generation> r = conv.Reply(
+        line, first ? a.system : "", a.gen,
+        [](std::string_view piece) {
           std::fwrite(piece.data(), 1, piece.size(), stdout);
           std::fflush(stdout);
-        });
+        },
+        images);
+    images.clear();
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
       // The conversation no longer fits: say so and start a new one.
@@ -235,6 +257,9 @@ void RegisterGenerateCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--prompts", a->prompts_file,
                   "A file of prompts: one per line, or JSON lines with \"prompt\" (or "
                   "\"instruction\" and \"context\")");
+  cmd->add_option("--image", a->images,
+                  "An image file (JPEG, PNG, WebP) shown before each prompt; repeat for several "
+                  "(a model with a vision tower)");
   cmd->add_option("--prompt-ids", a->prompt_ids,
                   "Comma-separated token ids fed as they are (no template)");
   cmd->add_flag("--no-kv-cache", a->gen.no_cache,
@@ -249,6 +274,9 @@ void RegisterGenerateCommand(CLI::App& app, Context& ctx) {
   auto* chat = app.add_subcommand(
       "chat", "Talk to a model: one conversation on stdin, answers streamed to stdout");
   AddModelAndSamplingOptions(chat, c.get());
+  chat->add_option("--image", c->images,
+                   "An image file shown with the first message; repeat for several (later ones: "
+                   "a line '/image PATH' attaches one to the next message)");
   chat->callback([&ctx, c] {
     Status st = RunChat(*c);
     if (!st.ok()) ctx.exit_code = ReportError("chat", st);

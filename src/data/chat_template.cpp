@@ -91,6 +91,16 @@ size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b
   return i;
 }
 
+// Every turn's image parts against the images given: as many, in order.
+Status CheckImageCount(const std::vector<ChatMessage>& messages, size_t images) {
+  int64_t parts = 0;
+  for (const ChatMessage& m : messages) parts += m.images();
+  if (parts == static_cast<int64_t>(images)) return Status::Ok();
+  return InvalidArgument(StrCat("the record has ", parts, " image part", parts == 1 ? "" : "s",
+                                " in its turns and ", images, " image", images == 1 ? "" : "s",
+                                "; each {\"type\": \"image\"} part takes the next image"));
+}
+
 }  // namespace
 
 StatusOr<ExampleRenderer> ExampleRenderer::Create(const Tokenizer& tok, TemplateKind kind,
@@ -137,6 +147,55 @@ Status ExampleRenderer::Render(const InstructionRecord& r, RenderedExample* out)
   return Status::Ok();
 }
 
+Status ExampleRenderer::RenderTurn(const ChatMessage& m, bool all, bool trained,
+                                   std::span<const ImageRef> images, int64_t* next_image,
+                                   RenderedExample* out) const {
+  auto add = [&](int32_t id, bool target) {
+    out->ids.push_back(id);
+    out->trained.push_back(target ? 1 : 0);
+  };
+  if (m.images() > 0 && !images_.count)
+    return InvalidArgument(
+        "the record has images and the model has no vision tower (a Gemma 4 model whose "
+        "config.json has a vision_config, with processor_config.json, reads them)");
+  const bool model = m.role == "assistant";
+  const std::string header = (model ? std::string("model") : m.role) + "\n";
+  add(turn_open_, all);
+  // The text between images, each stretch tokenized alone (a text-only turn is one stretch).
+  const std::string text_only =
+      m.segments.empty() ? std::string(StripPythonWhitespace(m.content)) : std::string();
+  const size_t stretches = m.segments.empty() ? 1 : m.segments.size();
+  for (size_t k = 0; k < stretches; ++k) {
+    const std::string& text = m.segments.empty() ? text_only : m.segments[k];
+    const std::vector<int32_t> whole = tok_->Encode(k == 0 ? header + text : text, false);
+    // The trained part starts at the first token that covers content (a token that merged the
+    // header's last characters with the content's first counts, as in transformers' masks).
+    size_t first = whole.size();
+    if (trained && !all) first = k == 0 ? CommonPrefix(whole, tok_->Encode(header, false)) : 0;
+    for (size_t j = 0; j < whole.size(); ++j) add(whole[j], all || j >= first);
+    if (k + 1 == stretches) break;
+    // An image block: the begin marker, one image token per soft token, the end marker; the
+    // placeholders are never targets (the markers are under --train-on all, as the text).
+    const int64_t index = (*next_image)++;
+    const ImageRef& image = images[static_cast<size_t>(index)];
+    auto count = images_.count(image);
+    if (!count.ok())
+      return count.status().WithContext(
+          // A file's errors name it already; an embedded image is named by its stored path.
+          StrCat("image ", index + 1,
+                 image.bytes.empty() || image.path.empty() ? "" : " (" + image.path + ")"));
+    const size_t begin = out->ids.size();
+    add(images_.boi, all);
+    for (int64_t c = 0; c < *count; ++c) add(images_.image, false);
+    add(images_.eoi, all);
+    out->images.push_back(image);
+    out->image_spans.emplace_back(begin, out->ids.size());
+  }
+  add(turn_close_, all || trained);
+  for (int32_t id : tok_->Encode("\n", false)) add(id, all);
+  return Status::Ok();
+}
+
 Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* out) const {
   std::vector<ChatMessage> pair;
   const std::vector<ChatMessage>* messages = &r.messages;
@@ -146,43 +205,11 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
             {"assistant", r.response}};
     messages = &pair;
   }
+  ST_RETURN_IF_ERROR(CheckImageCount(*messages, r.images.size()));
   const bool all = train_on_ == TrainOn::kAll;
-  auto add = [&](int32_t id, bool trained) {
-    out->ids.push_back(id);
-    out->trained.push_back(trained ? 1 : 0);
-  };
-  int64_t parts = 0;
-  for (const ChatMessage& m : *messages) parts += m.images();
-  if (parts != static_cast<int64_t>(r.images.size()))
-    return InvalidArgument(StrCat("the record has ", parts, " image part", parts == 1 ? "" : "s",
-                                  " in its turns and ", r.images.size(), " image",
-                                  r.images.size() == 1 ? "" : "s",
-                                  "; each {\"type\": \"image\"} part takes the next image"));
-  if (parts > 0 && !images_.count)
-    return InvalidArgument(
-        "the record has images and the model has no vision tower (a Gemma 4 model whose "
-        "config.json has a vision_config, with processor_config.json, reads them)");
-  // An image block: the begin marker, one image token per soft token, the end marker; never a
-  // target (the end marker is one under --train-on all, as the text around it).
-  auto add_image = [&](int64_t index) -> Status {
-    const ImageRef& image = r.images[static_cast<size_t>(index)];
-    auto count = images_.count(image);
-    if (!count.ok())
-      return count.status().WithContext(
-          // A file's errors name it already; an embedded image is named by its stored path.
-          StrCat("image ", index + 1,
-                 image.bytes.empty() || image.path.empty() ? "" : " (" + image.path + ")"));
-    const size_t begin = out->ids.size();
-    add(images_.boi, all);
-    for (int64_t k = 0; k < *count; ++k) add(images_.image, false);
-    add(images_.eoi, all);
-    out->images.push_back(image);
-    out->image_spans.emplace_back(begin, out->ids.size());
-    return Status::Ok();
-  };
+  out->ids.push_back(bos_);
+  out->trained.push_back(all ? 1 : 0);
   int64_t next_image = 0;
-  std::vector<int32_t> head, whole;
-  add(bos_, all);
   for (size_t i = 0; i < messages->size(); ++i) {
     const ChatMessage& m = (*messages)[i];
     if (m.role == "system" && i != 0)
@@ -190,40 +217,7 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
           StrCat("message ", i + 1,
                  " is a system turn; Gemma's chat template takes one only as the first message "
                  "(move it first, or use --template instruction)"));
-    const bool model = m.role == "assistant";
-    const std::string header = (model ? std::string("model") : m.role) + "\n";
-    add(turn_open_, all);
-    if (!m.segments.empty()) {  // text, image, text...: each stretch of text tokenized alone
-      for (size_t k = 0; k < m.segments.size(); ++k) {
-        const std::string text = (k == 0 ? header : std::string()) + m.segments[k];
-        whole = tok_->Encode(text, false);
-        size_t first = whole.size();
-        if (model && !all) {
-          if (k == 0) {
-            head = tok_->Encode(header, false);
-            first = CommonPrefix(whole, head);
-          } else {
-            first = 0;
-          }
-        }
-        for (size_t j = 0; j < whole.size(); ++j) add(whole[j], all || j >= first);
-        if (k + 1 < m.segments.size()) ST_RETURN_IF_ERROR(add_image(next_image++));
-      }
-      add(turn_close_, all || model);
-      for (int32_t id : tok_->Encode("\n", false)) add(id, all);
-      continue;
-    }
-    whole = tok_->Encode(header + std::string(StripPythonWhitespace(m.content)), false);
-    // The trained part starts at the first token that covers content (a token that merged the
-    // header's last characters with the content's first counts, as in transformers' masks).
-    size_t first = whole.size();
-    if (model && !all) {
-      head = tok_->Encode(header, false);
-      first = CommonPrefix(whole, head);
-    }
-    for (size_t j = 0; j < whole.size(); ++j) add(whole[j], all || j >= first);
-    add(turn_close_, all || model);
-    for (int32_t id : tok_->Encode("\n", false)) add(id, all);
+    ST_RETURN_IF_ERROR(RenderTurn(m, all, m.role == "assistant", r.images, &next_image, out));
   }
   return Status::Ok();
 }
@@ -252,7 +246,12 @@ Status ExampleRenderer::RenderConversation(const std::vector<ChatMessage>& messa
 }
 
 Status ExampleRenderer::RenderPrompt(const std::vector<ChatMessage>& messages, bool start,
-                                     std::vector<int32_t>* out) const {
+                                     std::vector<int32_t>* out,
+                                     std::span<const ImageRef> images) const {
+  ST_RETURN_IF_ERROR(CheckImageCount(messages, images.size()));
+  if (!images.empty() && kind_ != TemplateKind::kGemmaChat)
+    return InvalidArgument(
+        StrCat("images need --template gemma-chat, not ", TemplateKindName(kind_)));
   if (messages.empty() || messages.back().role != "user")
     return InvalidArgument("a prompt must end with a user message");
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -267,14 +266,11 @@ Status ExampleRenderer::RenderPrompt(const std::vector<ChatMessage>& messages, b
       out->push_back(bos_);
     else
       for (int32_t id : tok_->Encode("\n", false)) out->push_back(id);
-    for (const ChatMessage& m : messages) {
-      out->push_back(turn_open_);
-      for (int32_t id :
-           tok_->Encode(m.role + "\n" + std::string(StripPythonWhitespace(m.content)), false))
-        out->push_back(id);
-      out->push_back(turn_close_);
-      for (int32_t id : tok_->Encode("\n", false)) out->push_back(id);
-    }
+    RenderedExample turns;
+    int64_t next_image = 0;
+    for (const ChatMessage& m : messages)
+      ST_RETURN_IF_ERROR(RenderTurn(m, true, false, images, &next_image, &turns));
+    out->insert(out->end(), turns.ids.begin(), turns.ids.end());
     out->push_back(turn_open_);
     for (int32_t id : tok_->Encode("model\n", false)) out->push_back(id);
     return Status::Ok();

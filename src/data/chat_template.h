@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -91,8 +92,10 @@ class ExampleRenderer {
   // its context) with an empty response, trailing whitespace removed. `start`: the sequence's
   // first tokens (bos first); false continues a conversation after the model's `<turn|>` (the
   // newline that closes it comes first).
+  // A user turn's image parts (ChatMessage::segments, gemma-chat only) take `images` in order,
+  // rendered as Render renders them.
   Status RenderPrompt(const std::vector<ChatMessage>& messages, bool start,
-                      std::vector<int32_t>* out) const;
+                      std::vector<int32_t>* out, std::span<const ImageRef> images = {}) const;
   // gemma-chat only: the tokens of a whole conversation (any turns) as apply_chat_template
   // renders it, plus the generation prompt `<|turn>model\n` when asked; what TRL tokenizes a
   // conversational preference pair with.
@@ -111,6 +114,11 @@ class ExampleRenderer {
   ExampleRenderer() = default;
   Status RenderChat(const InstructionRecord& r, RenderedExample* out) const;
   void RenderText(const InstructionRecord& r, RenderedExample* out) const;
+  // Appends a turn's header and content (text, or text and image blocks taking images from
+  // `images` at *next_image on) to out; content tokens are targets when `trained`, the header's
+  // never unless `all`.
+  Status RenderTurn(const ChatMessage& m, bool all, bool trained, std::span<const ImageRef> images,
+                    int64_t* next_image, RenderedExample* out) const;
 
   const Tokenizer* tok_ = nullptr;
   TemplateKind kind_ = TemplateKind::kInstruction;

@@ -93,7 +93,7 @@ StatusOr<TokenizedSet> TokenizeDataset(const InstructionDataset& ds,
       [&](const InstructionRecord& r) {
         ST_RETURN_IF_ERROR(renderer.Render(r, &e).WithContext(
             StrCat("--template ", TemplateKindName(renderer.kind()), ": record at ",
-                   report && report->unit == "row" ? "row " : "line ", r.line)));
+                   ds.position_unit(), " ", r.line)));
         AddExample(e, options, &set);
         return Status::Ok();
       },

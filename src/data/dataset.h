@@ -150,6 +150,8 @@ class InstructionDataset {
   const std::string& config() const { return config_; }  // "" for a single file or a glob
   DatasetLayout layout() const { return layout_; }
   std::pair<int64_t, int64_t> range() const { return {begin_, end_}; }
+  // What a record's `line` counts: "row" (Parquet) or "line".
+  const char* position_unit() const { return files_.front().position_unit(); }
 
  private:
   bool ToRecord(const Row& row, InstructionRecord* r, std::string* why) const;

@@ -336,17 +336,37 @@ void Gemma4Decoder::Fork(int64_t from, int64_t to) {
 }
 
 Status Gemma4Decoder::Append(int64_t seq, std::span<const int32_t> ids, float* logits) {
+  return Append(seq, ids, logits, SoftTokens{});
+}
+
+Status Gemma4Decoder::Append(int64_t seq, std::span<const int32_t> ids, float* logits,
+                             const SoftTokens& soft) {
   const int64_t n = static_cast<int64_t>(ids.size());
   if (n == 0) return InvalidArgument("nothing to feed: no token ids");
-  ST_RETURN_IF_ERROR(Check(seq, n, ids));
+  // Soft-token positions read the pad token's rows (transformers' Gemma4Model), then their own.
+  std::vector<int32_t> mapped;
+  std::span<const int32_t> table_ids = ids;
+  if (soft.count > 0) {
+    mapped.assign(ids.begin(), ids.end());
+    int64_t found = 0;
+    for (int32_t& id : mapped)
+      if (id == soft.id) id = static_cast<int32_t>(cfg_.pad_token_id), ++found;
+    if (found != soft.count)
+      return InvalidArgument(
+          StrCat(found, " image token positions for ", soft.count, " soft tokens"));
+    table_ids = mapped;
+  }
+  ST_RETURN_IF_ERROR(Check(seq, n, table_ids));
   int64_t& length = lengths_[static_cast<size_t>(seq)];
+  SoftTokens rest = soft;
   for (int64_t s = 0; s < n; s += chunk_) {
     const int64_t m = std::min(chunk_, n - s);
     for (int64_t t = 0; t < m; ++t) {
       pos_[static_cast<size_t>(t)] = static_cast<int32_t>(length + t);
       seq_[static_cast<size_t>(t)] = seq;
     }
-    Rows(ids.data() + s, m, s + m == n ? logits : nullptr, false);
+    Rows(table_ids.data() + s, m, s + m == n ? logits : nullptr, false, ids.data() + s,
+         rest.count > 0 ? &rest : nullptr);
     length += m;
   }
   return Status::Ok();
@@ -373,7 +393,8 @@ Status Gemma4Decoder::Step(std::span<const int64_t> seqs, std::span<const int32_
   return Status::Ok();
 }
 
-void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_logits) {
+void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_logits,
+                         const int32_t* raw_ids, SoftTokens* soft) {
   const int64_t d = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   const int64_t P = cfg_.hidden_size_per_layer_input;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -394,6 +415,13 @@ void Gemma4Decoder::Rows(const int32_t* ids, int64_t n, float* logits, bool all_
       for (int64_t c = 0; c < d; ++c)
         x_[static_cast<size_t>(t * d + c)] = BF16ToFloat(e16[int64_t{ids[t]} * d + c]) * sd;
   }
+  if (soft != nullptr)  // consumes the rows it places (the next chunk goes on from there)
+    for (int64_t t = 0; t < n && soft->count > 0; ++t)
+      if (raw_ids[t] == soft->id) {
+        std::memcpy(x_.data() + t * d, soft->rows, static_cast<size_t>(d) * sizeof(float));
+        soft->rows += d;
+        --soft->count;
+      }
   if (P > 0) {
     // ple[l] = (norm(x0 Wplmp^T / sqrt(d)) + Epl[ids] * sqrt(P)) / sqrt(2), stored [L, n, P].
     float* proj = proj_.data();   // [n, L*P]

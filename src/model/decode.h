@@ -99,6 +99,14 @@ class DecodeWeights {
 // over the visible keys (window-limited in sliding layers).
 double DecodeFlopsPerToken(const Gemma4Config& cfg, const ParamRegistry& reg, int64_t context);
 
+// Soft tokens to feed (a vision tower's output, Batch::soft_tokens' counterpart): `rows`
+// [count, d] stand in, in order, for the fed positions whose id is `id`.
+struct SoftTokens {
+  const float* rows = nullptr;
+  int64_t count = 0;
+  int32_t id = -1;
+};
+
 class Gemma4Decoder {
  public:
   // capacity: the most tokens one sequence may hold (prompt and generated); chunk: the most new
@@ -129,6 +137,8 @@ class Gemma4Decoder {
   // the vocabulary.
   Status Append(std::span<const int32_t> ids, float* logits) { return Append(0, ids, logits); }
   Status Append(int64_t seq, std::span<const int32_t> ids, float* logits);
+  // The same with soft tokens for the positions of `ids` that hold soft.id (exactly as many).
+  Status Append(int64_t seq, std::span<const int32_t> ids, float* logits, const SoftTokens& soft);
   // Feeds ids[j] after sequence seqs[j]'s tokens, for every j at once (distinct sequences, at
   // most `batch`), and writes the logits that follow each into logits [seqs.size(), V]. Errors
   // as Append's (nothing is fed then).
@@ -144,7 +154,10 @@ class Gemma4Decoder {
   Status Check(int64_t seq, int64_t n, std::span<const int32_t> ids) const;
   // Computes the n rows set in seq_/pos_ (their tokens `ids`) through every layer; writes the
   // logits after the last row (all_logits false) or after every row ([n, V]) when logits is set.
-  void Rows(const int32_t* ids, int64_t n, float* logits, bool all_logits);
+  // soft (optional): rows replacing the embeddings of the rows whose raw id is soft->id, in
+  // order (ids then hold the pad id there).
+  void Rows(const int32_t* ids, int64_t n, float* logits, bool all_logits,
+            const int32_t* raw_ids = nullptr, SoftTokens* soft = nullptr);
   void Layer(int64_t i, int64_t n);
   // The n new queries [n, H, D] of layer i against their sequences' caches (window and
   // causality), into o.

@@ -194,6 +194,15 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
   g->weights = quantized
                    ? std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, blocks)
                    : std::make_unique<DecodeWeights>(g->model.registry, *g->model.weights, storage);
+  if (std::filesystem::is_directory(model_id, ec)) {  // a vision tower: prompts may hold images
+    StatusOr<std::unique_ptr<vision::ImageEncoder>> images = vision::ImageEncoder::Load(model_id);
+    if (images.ok()) {
+      g->images = std::move(*images);
+      g->renderer->SetImageTokens(g->images->Tokens());
+    } else if (images.status().code() != StatusCode::kNotFound) {
+      return images.status();
+    }
+  }
   return g;
 }
 
@@ -204,19 +213,28 @@ Conversation::Conversation(const TextGenerator& g, int64_t capacity, int64_t chu
 
 void Conversation::Reset() {
   sequence_.clear();
+  soft_.clear();
   decoder_.Reset();
 }
 
 Status Conversation::CatchUp(bool no_cache) {
   if (no_cache) decoder_.Reset();
   const int64_t from = decoder_.length();
-  return decoder_.Append(std::span<const int32_t>(sequence_).subspan(static_cast<size_t>(from)),
-                         logits_.data());
+  const std::span<const int32_t> rest =
+      std::span<const int32_t>(sequence_).subspan(static_cast<size_t>(from));
+  if (soft_.empty()) return decoder_.Append(rest, logits_.data());
+  // The soft tokens of the image positions not fed yet (those before `from` were).
+  const int32_t id = g_.images->config().image_token_id;
+  const int64_t d = g_.model.config.hidden_size;
+  const auto fed = std::count(sequence_.begin(), sequence_.begin() + from, id);
+  SoftTokens soft{soft_.data() + fed * d, std::count(rest.begin(), rest.end(), id), id};
+  return decoder_.Append(0, rest, logits_.data(), soft);
 }
 
 StatusOr<Generation> Conversation::Reply(const std::string& user, const std::string& system,
                                          const GenerateOptions& o,
-                                         const std::function<void(std::string_view)>& on_text) {
+                                         const std::function<void(std::string_view)>& on_text,
+                                         std::span<const ImageRef> images) {
   std::vector<ChatMessage> messages;
   const bool start = sequence_.empty();
   if (!system.empty()) {
@@ -224,12 +242,32 @@ StatusOr<Generation> Conversation::Reply(const std::string& user, const std::str
     messages.push_back({"system", system});
   }
   messages.push_back({"user", user});
+  if (!images.empty()) {  // the images first, then the text (an image part per image)
+    if (!g_.images)
+      return InvalidArgument(
+          "the model has no vision tower: images need a Gemma 4 model whose config.json has a "
+          "vision_config");
+    messages.back().segments.assign(images.size(), std::string());
+    messages.back().segments.emplace_back(StripPythonWhitespace(user));
+  }
   std::vector<int32_t> prompt;
   // A model turn cut short (max_new_tokens) is closed before the next user turn.
   const int32_t close = g_.renderer->turn_close();
   if (!start && close >= 0 && sequence_.back() != close) prompt.push_back(close);
-  ST_RETURN_IF_ERROR(g_.renderer->RenderPrompt(messages, start, &prompt));
-  return Continue(prompt, o, on_text);
+  ST_RETURN_IF_ERROR(g_.renderer->RenderPrompt(messages, start, &prompt, images));
+  if (!images.empty()) {
+    std::vector<const ImageRef*> refs;
+    for (const ImageRef& im : images) refs.push_back(&im);
+    ST_ASSIGN_OR_RETURN(const std::vector<float> soft, g_.images->Encode(refs));
+    soft_.insert(soft_.end(), soft.begin(), soft.end());
+  }
+  StatusOr<Generation> gen = Continue(prompt, o, on_text);
+  if (!gen.ok() && g_.images) {  // the soft tokens of the images the sequence still holds
+    const int64_t kept =
+        std::count(sequence_.begin(), sequence_.end(), g_.images->config().image_token_id);
+    soft_.resize(static_cast<size_t>(kept * g_.model.config.hidden_size));
+  }
+  return gen;
 }
 
 StatusOr<Generation> Conversation::Continue(const std::vector<int32_t>& ids,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "io/model_loader.h"
 #include "model/decode.h"
 #include "model/sampling.h"
+#include "model/vision/image_encoder.h"
 
 namespace st {
 
@@ -54,6 +56,8 @@ struct TextGenerator {
   int64_t capacity = 0;
   // The prompt's matrix products (Gemma4Decoder): fp32, or bf16 (generate --precision).
   Precision precision = Precision::kFp32;
+  // A model with a vision tower: user turns may hold images (Conversation::Reply).
+  std::unique_ptr<vision::ImageEncoder> images;
 
   // model_id: a directory or preset (resolved already); adapter: a PEFT adapter directory or "";
   // tokenizer: a path or "" (the model directory's, else the bundled one in data_dir).
@@ -80,9 +84,11 @@ class Conversation {
   // Appends a user turn (with an optional first system turn) as the template renders it, then
   // generates the model's answer. on_text receives the answer's text as it grows, in pieces
   // that are whole UTF-8 characters.
+  // `images`: shown before the user's text (a vision model only).
   StatusOr<Generation> Reply(const std::string& user, const std::string& system,
                              const GenerateOptions& o,
-                             const std::function<void(std::string_view)>& on_text = {});
+                             const std::function<void(std::string_view)>& on_text = {},
+                             std::span<const ImageRef> images = {});
   // Generates after raw token ids (no template): the parity tests' and the benchmark's path.
   StatusOr<Generation> Continue(const std::vector<int32_t>& ids, const GenerateOptions& o,
                                 const std::function<void(std::string_view)>& on_text = {});
@@ -101,6 +107,7 @@ class Conversation {
   Gemma4Decoder decoder_;
   std::vector<int32_t> sequence_;
   std::vector<float> logits_;
+  std::vector<float> soft_;  // the soft tokens of every image of the dialogue, in order
 };
 
 }  // namespace st

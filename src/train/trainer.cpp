@@ -95,7 +95,8 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
     ST_RETURN_IF_ERROR(ds.ForEach(
         [&](const InstructionRecord& r) {
           return data.prompts.Add(r, data.tokenizer, chat ? &renderer : nullptr)
-              .WithContext(StrCat("prompt record at line/row ", r.line, " of ", ds.file()));
+              .WithContext(
+                  StrCat("prompt record at ", ds.position_unit(), " ", r.line, " of ", ds.file()));
         },
         &data.report));
     if (data.prompts.size() == 0)
@@ -108,8 +109,8 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
     ST_RETURN_IF_ERROR(ds.ForEach(
         [&](const InstructionRecord& r) {
           ST_RETURN_IF_ERROR(TokenizePreference(r, data.tokenizer, chat ? &renderer : nullptr, &pt)
-                                 .WithContext(StrCat("preference record at line/row ", r.line,
-                                                     " of ", ds.file())));
+                                 .WithContext(StrCat("preference record at ", ds.position_unit(),
+                                                     " ", r.line, " of ", ds.file())));
           data.pairs.Add(pt, r.line);
           return Status::Ok();
         },
