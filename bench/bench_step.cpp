@@ -29,6 +29,7 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  st::cpu::ReexecWithBlasCore(argv);  // as slicetrain does: the kernels the CPU runs
   CLI::App app{"slicetrain whole-model step benchmark"};
   std::vector<std::string> presets = {"gemma4-tiny", "gemma4-small"};
   std::vector<int> threads = {1, 2};
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const st::cpu::CpuFeatures& cpu = st::cpu::DetectCpu();
-  std::printf("CPU: %s [%s], bf16 GEMM on %s\n", cpu.model.c_str(), st::cpu::IsaName(cpu),
+  std::printf("CPU: %s [%s], fp32 GEMM on OpenBLAS %s kernels, bf16 GEMM on %s\n",
+              cpu.model.c_str(), st::cpu::IsaName(cpu), st::cpu::BlasCoreName().c_str(),
               st::cpu::Bf16GemmIsa());
   std::vector<double> peak32, peak16;
   for (int t : threads) {

@@ -391,7 +391,10 @@ TEST(Precision, AutoFollowsTheCpuAndBadNamesAreErrors) {
   std::string why;
   auto p = cpu::ResolvePrecision("auto", &why);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(*p, cpu::HasNativeBf16Gemm() ? Precision::kBf16 : Precision::kFp32) << why;
+  EXPECT_EQ(*p, cpu::AutoPicksBf16() ? Precision::kBf16 : Precision::kFp32) << why;
+  if (cpu::HasNativeBf16Gemm() && !cpu::AutoPicksBf16()) {  // an Intel CPU without AMX
+    EXPECT_NE(why.find("--precision bf16 forces it"), std::string::npos) << why;
+  }
   EXPECT_FALSE(why.empty());
   EXPECT_EQ(*cpu::ResolvePrecision("fp32"), Precision::kFp32);
   EXPECT_EQ(cpu::ResolvePrecision("bf16").ok(), cpu::HasNativeBf16Gemm());

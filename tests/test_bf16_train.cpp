@@ -45,13 +45,15 @@ TEST(Bf16Finetune, AutoPicksBf16WhereTheCpuHasItAndSaysSo) {
                            "--storage-path " +
                            dir + " --run-name auto");
   ASSERT_EQ(r.code, 0) << r.out;
-  const bool bf16 = cpu::HasNativeBf16Gemm();
+  const bool bf16 = cpu::AutoPicksBf16();
   EXPECT_NE(
       r.out.find(bf16 ? "Compute: precision=bf16 (bf16 matmuls on " : "Compute: precision=fp32"),
       std::string::npos)
       << r.out;
   if (!bf16) {
-    EXPECT_NE(r.out.find("Precision: fp32 (auto: no bf16 dot products"), std::string::npos)
+    EXPECT_NE(r.out.find(cpu::HasNativeBf16Gemm() ? "Precision: fp32 (auto: AVX512-BF16 without AMX"
+                                                  : "Precision: fp32 (auto: no bf16 dot products"),
+              std::string::npos)
         << r.out;
   }
   const auto run = nlohmann::json::parse(ReadFile(dir + "/auto/run.json"), nullptr, false);
@@ -198,6 +200,32 @@ TEST(KernelIsa, StepNamesTheLevelItRunsAndTheCapIsHonoured) {
   EXPECT_NE(bad.out.find("error: SLICETRAIN_MAX_CPU_ISA='avx9' is not one of x86-64-v4"),
             std::string::npos)
       << bad.out;
+}
+
+// OpenBLAS runs kernels of the CPU's vector width: a fallback Debian's OpenBLAS picks for a CPU
+// model it does not know (Prescott's SSE3 kernels on a 5th-gen Xeon) is replaced when the binary
+// starts, and an OPENBLAS_CORETYPE the user set is kept.
+TEST(KernelIsa, OpenBlasRunsKernelsOfTheCpusVectorWidth) {
+  const std::string info = std::string(ST_BINARY) + " info --model-id gemma4-tiny";
+  const Ran ran = RunCommand(info);
+  ASSERT_EQ(ran.code, 0) << ran.out;
+  const std::regex core_re("fp32 matmuls: OpenBLAS ([A-Za-z0-9]+) kernels");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(ran.out, m, core_re)) << ran.out;
+  const std::string core = m[1];
+  const cpu::CpuFeatures& f = cpu::DetectCpu();
+  const bool avx512_core = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+  const bool avx2_core = avx512_core || core == "Haswell" || core == "Zen" || core == "Excavator";
+  if (f.avx2 && f.fma) {
+    EXPECT_TRUE(avx2_core) << core;
+  }
+  if (f.avx512f && f.avx512bw && f.avx512vl && f.model.find("Intel") != std::string::npos) {
+    EXPECT_TRUE(avx512_core) << core;
+  }
+  const Ran kept = RunCommand("OPENBLAS_CORETYPE=Prescott " + info);
+  ASSERT_EQ(kept.code, 0) << kept.out;
+  EXPECT_NE(kept.out.find("fp32 matmuls: OpenBLAS Prescott kernels"), std::string::npos)
+      << kept.out;
 }
 
 }  // namespace

@@ -236,8 +236,8 @@ void RegisterEvaluateCommand(CLI::App& app, Context& ctx) {
                   "Compute threads (default: $OMP_NUM_THREADS, else the CPUs this process may "
                   "use, from its affinity mask and cgroup quota)");
   cmd->add_option("--precision", a->precision,
-                  "auto, bf16 or fp32: the matmuls' operands (auto: bf16 where the CPU has bf16 "
-                  "dot products; a checkpoint trained in either evaluates in either)")
+                  "auto, bf16 or fp32: the matmuls' operands (auto: bf16 where its products are "
+                  "the faster; a checkpoint trained in either evaluates in either)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");
   auto* pref =

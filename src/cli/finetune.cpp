@@ -410,7 +410,9 @@ Status Run(FinetuneArgs& a, int* exit_code) {
       ST_ASSIGN_OR_RETURN(const Precision p, cpu::ResolvePrecision(a.o.precision, &why));
       // Printed once every check has passed: a refused job prints its error line alone.
       if (a.o.precision == "auto" && p == Precision::kFp32 && (!env.is_worker() || env.rank == 0))
-        precision_note = StrCat("Precision: fp32 (", why, "; bf16 would be emulated and slower)\n");
+        precision_note =
+            StrCat("Precision: fp32 (", why,
+                   cpu::HasNativeBf16Gemm() ? ")\n" : "; bf16 would be emulated and slower)\n");
       a.o.precision = PrecisionName(p);
     }
     if (!cfg.ok() && a.dry_run) return cfg.status();
@@ -652,7 +654,7 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--precision", o.precision,
                   "auto, bf16 or fp32: the operands of every matmul (bf16: rounded to bf16, "
                   "accumulated in fp32; master weights, optimizer, norms and loss stay fp32). "
-                  "auto: bf16 where the CPU has bf16 dot products (AMX-BF16, AVX512_BF16)")
+                  "auto: bf16 where its products are the faster (AMX-BF16, AMD's AVX512_BF16)")
       ->capture_default_str();
   auto* pref = cmd->add_option_group(
       "Preference objective", "DPO and ORPO on prompt/chosen/rejected data, as TRL's DPOConfig");

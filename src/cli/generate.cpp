@@ -77,7 +77,7 @@ void AddModelAndSamplingOptions(CLI::App* cmd, GenerateArgs* a) {
   cmd->add_option("--precision", a->precision,
                   "fp32, bf16 or auto: the prompt's matrix products (bf16: activations rounded "
                   "to bf16, bf16 weights multiplied as stored, fp32 accumulation; auto: bf16 where "
-                  "the CPU has bf16 dot products). One-token steps are the same in either")
+                  "its products are the faster). One-token steps are the same in either")
       ->capture_default_str();
   AddDataDirOption(cmd, &a->data_dir);
   cmd->add_option("--threads", a->threads,

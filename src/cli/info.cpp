@@ -87,10 +87,12 @@ Status Run(const InfoArgs& a) {
   std::string why;
   ST_ASSIGN_OR_RETURN(shape.precision, cpu::ResolvePrecision(a.precision, &why));
   const cpu::CpuFeatures& cpu = cpu::DetectCpu();
-  std::printf("compute: precision=%s (%s); CPU %s [%s], bf16 matmuls: %s, kernels: %s\n",
-              PrecisionName(shape.precision), why.c_str(),
-              cpu.model.empty() ? "unknown" : cpu.model.c_str(), cpu::IsaName(cpu),
-              cpu::Bf16GemmIsa(), cpu::KernelIsaName(cpu::ActiveKernelIsa()));
+  std::printf(
+      "compute: precision=%s (%s); CPU %s [%s], fp32 matmuls: OpenBLAS %s kernels, bf16 "
+      "matmuls: %s, kernels: %s\n",
+      PrecisionName(shape.precision), why.c_str(),
+      cpu.model.empty() ? "unknown" : cpu.model.c_str(), cpu::IsaName(cpu),
+      cpu::BlasCoreName().c_str(), cpu::Bf16GemmIsa(), cpu::KernelIsaName(cpu::ActiveKernelIsa()));
   shape.generated_weights = m.weights->Generated();
   const WorkerMemoryEstimate e = EstimateWorkerMemory(c, reg, trainable.mask, shape);
   // Frozen bytes left in the mapped files (a preset generates them instead).

@@ -89,8 +89,8 @@ void RegisterStepCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--seed", o->seed, "Seed for the preset's initialisation and the batches")
       ->capture_default_str();
   cmd->add_option("--precision", o->precision,
-                  "auto, bf16 or fp32: the matmuls' operands (auto: bf16 where the CPU has bf16 "
-                  "dot products)")
+                  "auto, bf16 or fp32: the matmuls' operands (auto: bf16 where its products are "
+                  "the faster)")
       ->capture_default_str();
   cmd->callback([&ctx, o] {
     Status s = RunStep(*o);

@@ -50,10 +50,10 @@ std::string SeedMetrics(const EpochMetrics& e) {
 
 std::string ComputeSummary(Precision p, int threads) {
   const cpu::CpuFeatures& f = cpu::DetectCpu();
-  const std::string how = p == Precision::kBf16
-                              ? StrCat("bf16 matmuls on ", cpu::Bf16GemmIsa(),
-                                       " with fp32 accumulation, fp32 master weights")
-                              : std::string("fp32 matmuls");
+  const std::string how =
+      p == Precision::kBf16 ? StrCat("bf16 matmuls on ", cpu::Bf16GemmIsa(),
+                                     " with fp32 accumulation, fp32 master weights")
+                            : StrCat("fp32 matmuls on OpenBLAS ", cpu::BlasCoreName(), " kernels");
   return StrCat("precision=", PrecisionName(p), " (", how, "); CPU ",
                 f.model.empty() ? std::string("unknown") : f.model, " [", cpu::IsaName(f),
                 "], kernels ", cpu::KernelIsaName(cpu::ActiveKernelIsa()), ", ", threads,

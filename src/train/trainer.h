@@ -105,8 +105,8 @@ struct FinetuneOptions {
   // none | mlp | layer; "auto" (the CLI's default) is resolved by the memory plan before workers
   // start: the least recomputation that fits.
   std::string activation_checkpointing = "auto";
-  // The Linear products' operands: auto (bf16 where the CPU has bf16 dot products) | bf16 | fp32.
-  // The CLI resolves auto before workers start, so every rank computes alike.
+  // The Linear products' operands: auto (bf16 where it is the faster: cpu::AutoPicksBf16) | bf16 |
+  // fp32. The CLI resolves auto before workers start, so every rank computes alike.
   std::string precision = "auto";
   // What the loss is (train/objectives/): sft (the mean token loss) | dpo | orpo, and the
   // preference objectives' flags as TRL's DPOConfig names them: beta (ORPO's lambda), the DPO

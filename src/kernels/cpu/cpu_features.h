@@ -33,9 +33,14 @@ const char* IsaName(const CpuFeatures& f);
 // products to use (it would then emulate bf16 at fp32's speed or worse).
 const char* Bf16GemmIsa();
 bool HasNativeBf16Gemm();
+// Whether --precision auto computes in bf16 here: where the bf16 GEMM is faster than fp32's.
+// AMX-BF16, and AVX512-BF16 on AMD (Zen 4: 2.1x fp32's GEMM peak, measured); not AVX512-BF16 on
+// an Intel CPU without AMX (a 5th-gen Xeon with AMX not exposed: oneDNN's bf16 GEMM ran at 0.54x
+// OpenBLAS's fp32, VDPBF16PS issuing at half the FMA rate there).
+bool AutoPicksBf16();
 
 // The precision --precision NAME asks for: "fp32" and "bf16" as they are; "auto" = bf16 where
-// the CPU has bf16 dot products (HasNativeBf16Gemm), fp32 otherwise. "bf16" on a CPU without them
+// it is the faster (AutoPicksBf16), fp32 otherwise. "bf16" on a CPU without them
 // is an error naming the fix (emulated bf16 is slower than fp32: nobody wants it by accident).
 // *why receives a short reason for the choice ("auto: AVX512-BF16"), for the setup line.
 StatusOr<Precision> ResolvePrecision(const std::string& name, std::string* why = nullptr);
@@ -64,5 +69,21 @@ void LimitKernelIsa(std::optional<KernelIsa> max);
 // One line for a bad SLICETRAIN_MAX_CPU_ISA, or for a CPU below the level this binary was built
 // for; main() checks it before any command runs.
 Status CheckKernelIsa();
+
+// OpenBLAS's kernels (the fp32 products). Debian 12's OpenBLAS 0.3.21 (DYNAMIC_ARCH) picks them by
+// CPU model, and a model it does not know falls back to "Prescott" (SSE3): a 5th-generation Xeon
+// (family 6, model 207) ran fp32 GEMMs at 33 GFLOP/s a core instead of the 155 its AVX-512 kernels
+// reach. The name OpenBLAS chose, e.g. "Prescott", "Haswell", "Cooperlake", "Zen".
+std::string BlasCoreName();
+// The OPENBLAS_CORETYPE this process should run with, or "" when OpenBLAS's choice stands (the
+// variable is set already, or the chosen kernels use the CPU's vector width). A fallback below
+// AVX2 on a CPU with AVX2 gets Haswell's kernels, or with AVX-512 SkylakeX's (Cooperlake's with
+// AVX512-BF16); so does an Intel CPU with AVX-512 given AVX2 kernels. An AMD CPU given "Zen"
+// kernels keeps them (0.3.21 already gives Zen 4 Cooperlake's).
+std::string BlasCoreOverride();
+// For main(): OpenBLAS reads OPENBLAS_CORETYPE when it is loaded, before main, so the process
+// re-executes itself once with BlasCoreOverride() set. Returns when there is nothing to do or the
+// exec failed (the process then runs with the library's choice).
+void ReexecWithBlasCore(char** argv);
 
 }  // namespace st::cpu
