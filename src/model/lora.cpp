@@ -107,6 +107,20 @@ std::vector<int> LinearEntries(const ParamRegistry& reg) {
   return out;
 }
 
+namespace {
+
+// A target that names the vision or audio tower (or their projections): why it selects nothing.
+std::string TowerNote(const LoraTargets& t) {
+  const std::string all = LoraTargetsString(t);
+  for (const char* part : {"vision", "audio"})
+    if (all.find(part) != std::string::npos)
+      return StrCat(" (LoRA reaches the text model only: the ", part,
+                    " tower and its projection stay frozen in this version)");
+  return "";
+}
+
+}  // namespace
+
 StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const LoraTargets& t,
                                              const std::string& module_prefix) {
   const std::vector<int> linear = LinearEntries(reg);
@@ -136,7 +150,8 @@ StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const Lor
             "LoRA target module '", name,
             "' matches no Linear layer of this model; use names such as q_proj,k_proj,v_proj,"
             "o_proj,gate_proj,up_proj,down_proj,per_layer_input_gate,per_layer_projection,"
-            "per_layer_model_projection, or all-linear"));
+            "per_layer_model_projection, or all-linear",
+            TowerNote(t)));
     }
     for (int e : linear) {
       const std::string module = module_prefix + ModuleOf(reg.layout.entry(e).name);
@@ -147,7 +162,7 @@ StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const Lor
   }
   if (out.empty())
     return InvalidArgument(StrCat("LoRA target_modules '", LoraTargetsString(t),
-                                  "' selects no Linear layer of this model"));
+                                  "' selects no Linear layer of this model", TowerNote(t)));
   return out;
 }
 

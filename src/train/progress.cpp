@@ -99,6 +99,7 @@ void ProgressReporter::Setup(const SetupSummary& s) const {
                 s.adapters.c_str(), (long long)s.trainable_parameters, all,
                 all > 0 ? 100.0 * static_cast<double>(s.trainable_parameters) / all : 0.0);
   }
+  if (!s.parts.empty()) std::printf("%s\n", s.parts.c_str());
   std::fflush(stdout);
 }
 

@@ -33,6 +33,9 @@ struct SetupSummary {
   // A LoRA run's adapters, as PEFT's print_trainable_parameters would summarise them:
   // "LoRA r=16, alpha=32 (scaling 2) on 70 modules (q_proj,v_proj)"; "" for full fine-tuning.
   std::string adapters;
+  // A multimodal model: what each part trains, "Parts: text 191133 parameters (41280 trainable);
+  // vision tower 12345 + projection 768 frozen (...); audio tower not read"; "" for a text model.
+  std::string parts;
   // "precision=bf16 (AVX512-BF16 bf16 matmuls, fp32 master weights), CPU AMD EPYC 9B14, 1
   // thread per worker" (ComputeSummary).
   std::string compute;

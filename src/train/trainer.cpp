@@ -750,6 +750,19 @@ SetupSummary Trainer::Summary() const {
       s.adapters += StrCat(" + ", in_.model.lora.full.size(), " tensors trained in full (",
                            o_.modules_to_save, ")");
   }
+  if (in_.images) {  // a multimodal checkpoint: say what trains in each part
+    const StatusOr<vision::TowerParameters> t = vision::CountTowerParameters(o_.model_id);
+    if (t.ok())
+      s.parts = StrCat(
+          "Parts: text ", s.trainable_parameters + s.frozen_parameters, " parameters (",
+          s.trainable_parameters, " trainable); vision tower ", t->vision, " + projection ",
+          t->vision_projection,
+          " frozen (their soft tokens enter the text model; the tower does not train in this "
+          "version)",
+          t->audio + t->audio_projection > 0
+              ? StrCat("; audio tower ", t->audio + t->audio_projection, " not read")
+              : std::string());
+  }
   return s;
 }
 

@@ -2,7 +2,28 @@
 
 #include <filesystem>
 
+#include "io/hf_model.h"
+#include "io/safetensors.h"
+
 namespace st::vision {
+
+StatusOr<TowerParameters> CountTowerParameters(const std::string& model_dir) {
+  TowerParameters p;
+  ST_ASSIGN_OR_RETURN(const std::vector<std::string> files, ModelWeightFiles(model_dir));
+  for (const std::string& f : files) {
+    ST_ASSIGN_OR_RETURN(const SafeTensorsFile file, SafeTensorsFile::Open(f));
+    for (const SafeTensorInfo& t : file.tensors()) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      auto starts = [&](const char* prefix) { return t.name.rfind(prefix, 0) == 0; };
+      if (starts("model.vision_tower.")) p.vision += n;
+      if (starts("model.embed_vision.")) p.vision_projection += n;
+      if (starts("model.audio_tower.")) p.audio += n;
+      if (starts("model.embed_audio.")) p.audio_projection += n;
+    }
+  }
+  return p;
+}
 
 StatusOr<std::unique_ptr<ImageEncoder>> ImageEncoder::Load(const std::string& model_dir,
                                                            const std::string& processor,

@@ -19,6 +19,13 @@
 
 namespace st::vision {
 
+// Parameters of a multimodal checkpoint's parts outside the text model, from its files' headers.
+struct TowerParameters {
+  int64_t vision = 0, vision_projection = 0;  // model.vision_tower.*, model.embed_vision.*
+  int64_t audio = 0, audio_projection = 0;    // model.audio_tower.*, model.embed_audio.*
+};
+StatusOr<TowerParameters> CountTowerParameters(const std::string& model_dir);
+
 class ImageEncoder {
  public:
   // The model directory's tower and processor: `processor` names another directory (or file)
