@@ -182,6 +182,31 @@ TEST(VisionChatData, GenerateWithAnImageEqualsTransformers) {
   EXPECT_NE(text.out.find("no vision tower"), std::string::npos) << text.out;
 }
 
+// The frozen tower's soft tokens, kept for later epochs: a second batch of the same images skips
+// the tower and gets the same values; a budget of 0 keeps nothing.
+TEST(VisionChatData, EncoderCacheServesLaterBatchesTheSameSoftTokens) {
+  const std::string images = std::string(ST_FIXTURE_DIR) + "/images/";
+  const std::vector<ImageRef> refs = {ImageRef{"", images + "rgb420_61x43.jpg"},
+                                      ImageRef{"", images + "tall_5x500.png"}};
+  const std::vector<const ImageRef*> batch = {&refs[1], &refs[0], &refs[1]};
+  auto plain = vision::ImageEncoder::Load(kModel);
+  auto cached = vision::ImageEncoder::Load(kModel);
+  ASSERT_TRUE(plain.ok() && cached.ok());
+  (*cached)->EnableCache(size_t{1} << 20);
+  auto a = (*plain)->Encode(batch);
+  auto b = (*cached)->Encode(batch);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  EXPECT_EQ((*plain)->tower_images(), 2);  // the repeated image once
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(a->size(), size_t(70 + 63 + 70) * 48);
+  auto c = (*cached)->Encode(std::vector<const ImageRef*>{&refs[0]});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*cached)->tower_images(), 2);  // served from the cache
+  EXPECT_TRUE(std::equal(c->begin(), c->end(), a->begin() + 70 * 48));
+  ASSERT_TRUE((*plain)->Encode(std::vector<const ImageRef*>{&refs[0]}).ok());
+  EXPECT_EQ((*plain)->tower_images(), 3);
+}
+
 std::vector<nlohmann::json> Records(const std::string& run, const std::string& type) {
   std::vector<nlohmann::json> out;
   std::ifstream in(run + "/metrics.jsonl");

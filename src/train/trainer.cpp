@@ -402,7 +402,12 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
       return loaded.status();
   }
   TextOptions text = TextOf(o);
-  if (images) text.images = images->Tokens();
+  if (images) {
+    text.images = images->Tokens();
+    // The tower is frozen: each image's soft tokens are computed once and reused by later
+    // epochs (and the eval split), up to this much per worker.
+    images->EnableCache(size_t{512} << 20);
+  }
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, text));
   const TokenizedSet& set = o.objective == "sft"    ? data.examples

@@ -1,5 +1,6 @@
 #include "model/vision/image_encoder.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "io/hf_model.h"
@@ -91,21 +92,53 @@ ImageTokens ImageEncoder::Tokens() const {
 
 StatusOr<std::vector<float>> ImageEncoder::Encode(std::span<const ImageRef* const> refs) const {
   if (refs.empty()) return std::vector<float>();
-  ST_ASSIGN_OR_RETURN(const VisionTower* tower, Tower());
-  const int max_patches = processor_.max_patches(), dim = processor_.patch_dim();
-  std::vector<float> pixels(refs.size() * size_t(max_patches) * dim);
-  std::vector<int32_t> positions(refs.size() * size_t(max_patches) * 2);
-  for (size_t i = 0; i < refs.size(); ++i) {
-    ST_ASSIGN_OR_RETURN(const images::RgbImage img, Decode(*refs[i]));
-    StatusOr<images::ProcessedImage> p = images::ProcessImage(img, processor_);
-    if (!p.ok()) return p.status().WithContext(refs[i]->path);
-    std::copy(p->pixel_values.begin(), p->pixel_values.end(),
-              pixels.begin() + std::ptrdiff_t(i * size_t(max_patches) * dim));
-    std::copy(p->positions.begin(), p->positions.end(),
-              positions.begin() + std::ptrdiff_t(i * size_t(max_patches) * 2));
+  // The images the cache does not hold run through the tower together.
+  std::vector<const ImageRef*> run;
+  for (const ImageRef* r : refs)
+    if (!cache_.count(r) && std::find(run.begin(), run.end(), r) == run.end()) run.push_back(r);
+  std::vector<std::vector<float>> fresh(run.size());
+  if (!run.empty()) {
+    ST_ASSIGN_OR_RETURN(const VisionTower* tower, Tower());
+    const int max_patches = processor_.max_patches(), dim = processor_.patch_dim();
+    std::vector<float> pixels(run.size() * size_t(max_patches) * dim);
+    std::vector<int32_t> positions(run.size() * size_t(max_patches) * 2);
+    std::vector<int64_t> counts(run.size());
+    for (size_t i = 0; i < run.size(); ++i) {
+      ST_ASSIGN_OR_RETURN(const images::RgbImage img, Decode(*run[i]));
+      StatusOr<images::ProcessedImage> p = images::ProcessImage(img, processor_);
+      if (!p.ok()) return p.status().WithContext(run[i]->path);
+      counts[i] = p->num_soft_tokens;
+      std::copy(p->pixel_values.begin(), p->pixel_values.end(),
+                pixels.begin() + std::ptrdiff_t(i * size_t(max_patches) * dim));
+      std::copy(p->positions.begin(), p->positions.end(),
+                positions.begin() + std::ptrdiff_t(i * size_t(max_patches) * 2));
+    }
+    ST_ASSIGN_OR_RETURN(
+        const std::vector<float> soft,
+        tower->Forward(pixels.data(), positions.data(), static_cast<int>(run.size()), max_patches));
+    tower_images_ += static_cast<int64_t>(run.size());
+    const size_t width = static_cast<size_t>(config_.text_hidden_size);
+    size_t at = 0;
+    for (size_t i = 0; i < run.size(); ++i) {
+      const size_t n = static_cast<size_t>(counts[i]) * width;
+      fresh[i].assign(soft.begin() + std::ptrdiff_t(at), soft.begin() + std::ptrdiff_t(at + n));
+      at += n;
+      if (cache_bytes_ + n * sizeof(float) <= cache_budget_) {
+        cache_[run[i]] = fresh[i];
+        cache_bytes_ += n * sizeof(float);
+      }
+    }
   }
-  return tower->Forward(pixels.data(), positions.data(), static_cast<int>(refs.size()),
-                        max_patches);
+  std::vector<float> out;
+  for (const ImageRef* r : refs) {
+    const auto hit = cache_.find(r);
+    const std::vector<float>& rows =
+        hit != cache_.end()
+            ? hit->second
+            : fresh[static_cast<size_t>(std::find(run.begin(), run.end(), r) - run.begin())];
+    out.insert(out.end(), rows.begin(), rows.end());
+  }
+  return out;
 }
 
 }  // namespace st::vision

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -50,6 +51,12 @@ class ImageEncoder {
   ImageTokens Tokens() const;
   // Every image's soft tokens, image after image: [sum of their counts, text width].
   StatusOr<std::vector<float>> Encode(std::span<const ImageRef* const> refs) const;
+  // Keeps the soft tokens of up to `bytes` of images, by address, so that a later epoch's batch
+  // skips the tower (frozen: the same values). Only for refs that stay where they are while the
+  // encoder is used (a TokenizedSet's); 0 (the default) keeps none.
+  void EnableCache(size_t bytes) { cache_budget_ = bytes; }
+  // Images the tower has run on so far (those the cache served are not counted).
+  int64_t tower_images() const { return tower_images_; }
 
  private:
   ImageEncoder() = default;
@@ -57,6 +64,10 @@ class ImageEncoder {
   VisionConfig config_;
   images::ImageProcessorConfig processor_;
   mutable std::unique_ptr<VisionTower> tower_;
+  size_t cache_budget_ = 0;
+  mutable size_t cache_bytes_ = 0;
+  mutable std::unordered_map<const ImageRef*, std::vector<float>> cache_;
+  mutable int64_t tower_images_ = 0;
 };
 
 }  // namespace st::vision
