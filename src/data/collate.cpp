@@ -121,9 +121,9 @@ TokenBatch Collate(const TokenizedSet& set, std::span<const int64_t> rows, int32
       b.labels[dst + t] = set.trained[src + t] ? id : kIgnoreIndex;
     }
     b.real_tokens += n;
-    for (int64_t k = set.image_offsets.size() > 1 ? set.image_offsets[rows[i]] : 0;
-         set.image_offsets.size() > 1 && k < set.image_offsets[rows[i] + 1]; ++k)
-      b.images.push_back(&set.images[static_cast<size_t>(k)]);
+    if (set.has_images())  // (only Add adds images, and it keeps image_offsets per example)
+      for (int64_t k = set.image_offsets[rows[i]]; k < set.image_offsets[rows[i] + 1]; ++k)
+        b.images.push_back(&set.images[static_cast<size_t>(k)]);
   }
   return b;
 }
