@@ -334,14 +334,16 @@ std::vector<double> RssAtEndOfEpoch(const std::string& run_dir, int64_t epoch) {
 // The first checkpoints grow the heap (glibc keeps what the writer freed), and rank 0's window of
 // recent steps (256) fills during the second epoch here (137 packed steps of 2 x 1 rows an epoch);
 // after that every worker's RSS stays where it is, epoch after epoch: compared between the ends
-// of epochs 3 and 4. Before the window, rank 0 grew by about 4 KB a step without bound. (Rank 0
-// still grew by 0.2-0.3 MiB from epoch 2 to 3, then stayed within 0.03 MiB over epochs 3-6.)
+// of epochs 3 and 5. Before the window, rank 0 grew by about 4 KB a step without bound (1.1 MiB
+// over two epochs). What is left is noise: on a Zen 3 rank 0 stayed within 0.03 MiB over epochs
+// 3-6; on a 5th-gen Xeon it moved by -0.27 to +0.25 MiB from one epoch to the next (fp32 with
+// OpenBLAS's Cooperlake kernels), without a trend over 8 epochs.
 TEST(Memory, WorkerMemoryIsFlatAcrossEpochs) {
 #ifdef ST_SANITIZED
   GTEST_SKIP() << "ASan's quarantine keeps freed memory: RSS is measured in the normal build";
 #endif
   const std::string storage = test::TempDir("host_flat");
-  const int64_t epochs = 4;
+  const int64_t epochs = 5;
   const Ran r =
       RunCommand("timeout 600 " + kBin +
                  " finetune --no-dashboard --progress off --batch-size-per-device 1 "
@@ -349,15 +351,15 @@ TEST(Memory, WorkerMemoryIsFlatAcrossEpochs) {
                  std::to_string(epochs) + " --storage-path " + storage + " --run-name flat");
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string run = storage + "/flat";
-  const std::vector<double> before = RssAtEndOfEpoch(run, epochs - 1),
+  const std::vector<double> before = RssAtEndOfEpoch(run, epochs - 2),
                             last = RssAtEndOfEpoch(run, epochs);
   ASSERT_EQ(before.size(), 2u);
   ASSERT_EQ(last.size(), 2u);
   // Growth is the leak this looks for; RSS may fall when the kernel reclaims mapped file pages.
   for (size_t w = 0; w < 2; ++w)
-    EXPECT_LT(last[w] - before[w], 0.25)
-        << "rank " << w << ": " << before[w] << " MiB after epoch " << epochs - 1 << ", " << last[w]
-        << " MiB after epoch " << epochs << " (an epoch later)";
+    EXPECT_LT(last[w] - before[w], 0.5)
+        << "rank " << w << ": " << before[w] << " MiB after epoch " << epochs - 2 << ", " << last[w]
+        << " MiB after epoch " << epochs << " (two epochs later)";
   fs::remove_all(storage);
 }
 
