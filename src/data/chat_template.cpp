@@ -49,18 +49,6 @@ const char* TrainOnName(TrainOn t) {
   return "?";
 }
 
-std::string_view StripPythonWhitespace(std::string_view s) {
-  auto space = [](uint32_t c) { return IsWhitespace(c) || (c >= 0x1C && c <= 0x1F); };
-  size_t b = 0, e = s.size();
-  while (b < e && space(DecodeUtf8At(s, b))) b += static_cast<size_t>(Utf8Len(s[b]));
-  while (e > b) {
-    const size_t p = PrevCharStart(s, e);
-    if (!space(DecodeUtf8At(s, p))) break;
-    e = p;
-  }
-  return s.substr(b, e - b);
-}
-
 void RenderedExample::Truncate(size_t n) {
   if (ids.size() <= n) return;
   if (!image_spans.empty()) {  // the chat template only: no tail; an image is whole or absent

@@ -31,6 +31,7 @@
 #include "core/status.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"  // StripPythonWhitespace
 
 namespace st {
 
@@ -69,9 +70,6 @@ struct ImageTokens {
   // name what is wrong with the image; the renderer adds the record.
   std::function<StatusOr<int64_t>(const ImageRef&)> count;
 };
-
-// Python's str.strip(): Unicode whitespace (and the separators U+001C..U+001F) at both ends.
-std::string_view StripPythonWhitespace(std::string_view s);
 
 class ExampleRenderer {
  public:

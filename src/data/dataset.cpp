@@ -10,8 +10,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "data/chat_template.h"
 #include "data/data_files.h"
+#include "data/utf8.h"
 #include "io/files.h"
 
 namespace st {

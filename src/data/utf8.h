@@ -41,6 +41,19 @@ inline bool IsWhitespace(uint32_t c) {
          c == 0x3000;
 }
 
+// Python's str.strip(): Unicode whitespace (and the separators U+001C..U+001F) at both ends.
+inline std::string_view StripPythonWhitespace(std::string_view s) {
+  auto space = [](uint32_t c) { return IsWhitespace(c) || (c >= 0x1C && c <= 0x1F); };
+  size_t b = 0, e = s.size();
+  while (b < e && space(DecodeUtf8At(s, b))) b += static_cast<size_t>(Utf8Len(s[b]));
+  while (e > b) {
+    const size_t p = PrevCharStart(s, e);
+    if (!space(DecodeUtf8At(s, p))) break;
+    e = p;
+  }
+  return s.substr(b, e - b);
+}
+
 // Strict UTF-8 validation (no overlongs, no surrogates, at most U+10FFFF).
 inline bool IsValidUtf8(std::string_view s) {
   size_t i = 0;
