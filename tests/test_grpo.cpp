@@ -320,17 +320,6 @@ TEST(Rollout, SampledGroupsFollowTheSeed) {
   EXPECT_LT(same_other_seed, 8);
 }
 
-std::vector<nlohmann::json> Records(const std::string& run, const std::string& type) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("type", "") == type) out.push_back(j);
-  }
-  return out;
-}
-
 // 32 text prompts with an "answer" column (what a reward may read).
 std::string WritePrompts(const std::string& dir) {
   const std::string path = dir + "/prompts.jsonl";
@@ -382,7 +371,7 @@ TEST(Grpo, ToyTaskLearnsTheRewardOnTwoWorkers) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("Starting slicetrain FSDP GRPO job"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Objective: grpo (dapo, beta 0, 4 completions"), std::string::npos) << r.out;
-  const auto steps = Records(dir + "/learn", "step");
+  const auto steps = test::MetricsRecords(dir + "/learn", "step");
   ASSERT_EQ(steps.size(), 32u);  // 32 prompts, 2 a micro-batch on each of 2 workers, 4 epochs
   for (const char* k : {"reward", "reward_std", "frac_reward_zero_std", "rewards/reward.sh/mean",
                         "completions/mean_length", "completions/clipped_ratio", "entropy",
@@ -464,7 +453,7 @@ TEST(Grpo, KilledInTheMiddleOfARoundResumesExactly) {
   testing::Proc full(with({"--run-name", "full"}));
   ASSERT_EQ(full.Wait(std::chrono::seconds(300)), 0) << full.output();
   // 16 prompts, 2 a worker: 4 rounds of 2 steps an epoch.
-  const auto steps = Records(dir + "/full", "step");
+  const auto steps = test::MetricsRecords(dir + "/full", "step");
   ASSERT_EQ(steps.size(), 16u);
   double clipped = 0;
   for (const auto& s : steps) {
@@ -538,7 +527,7 @@ TEST(Grpo, EnvironmentEpisodesAlternateTurns) {
                           dir;
   r = test::RunCommand(job + " --environment-command 'sh " + dir + "/env.sh' --run-name env");
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto steps = Records(dir + "/env", "step");
+  const auto steps = test::MetricsRecords(dir + "/env", "step");
   ASSERT_FALSE(steps.empty());
   int episodes = 0;
   for (const auto& s : steps)

@@ -60,17 +60,6 @@ std::string WritePairs(const std::string& dir, int n) {
   return path;
 }
 
-std::vector<nlohmann::json> Records(const std::string& run, const std::string& type) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("type", "") == type) out.push_back(j);
-  }
-  return out;
-}
-
 std::string Job(const std::string& dir, const std::string& pairs) {
   return std::string(ST_BINARY) + " finetune --data-dir " ST_SOURCE_DIR "/data --dataset " + pairs +
          " --dataset-split train --max-seq-len 64 --no-dashboard --progress off --storage-path " +
@@ -256,7 +245,7 @@ TEST(Preference, DpoStartsAtLn2AndLearnsThePairs) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("Starting slicetrain FSDP DPO job"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Objective: dpo (sigmoid, beta 0.1"), std::string::npos) << r.out;
-  const auto steps = Records(dir + "/learn", "step");
+  const auto steps = test::MetricsRecords(dir + "/learn", "step");
   ASSERT_FALSE(steps.empty());
   // The adapters start at B = 0: the policy is the reference, every log ratio is 0.
   EXPECT_NEAR(steps[0]["loss"].get<double>(), std::log(2.0), 1e-6);
@@ -265,7 +254,7 @@ TEST(Preference, DpoStartsAtLn2AndLearnsThePairs) {
   for (const char* k : {"rewards/rejected", "rewards/accuracies", "logps/chosen", "logps/rejected"})
     EXPECT_TRUE(steps[0].contains(k)) << k;
   // After training the model prefers the chosen answer of (nearly) every pair.
-  const auto evals = Records(dir + "/learn", "eval");
+  const auto evals = test::MetricsRecords(dir + "/learn", "eval");
   ASSERT_EQ(evals.size(), 30u);
   EXPECT_GT(evals.back()["eval_rewards/accuracies"].get<double>(), 0.9) << evals.back().dump();
   EXPECT_LT(evals.back()["eval_loss"].get<double>(), std::log(2.0) - 0.05);
@@ -280,7 +269,7 @@ TEST(Preference, OrpoNeedsNoReferenceAndLogsItsOddsRatio) {
   const Ran r = RunCommand(Job(dir, pairs) +
                            " --objective orpo --beta 0.2 --num-epochs 2 --topology 2 --run-name o");
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto steps = Records(dir + "/o", "step");
+  const auto steps = test::MetricsRecords(dir + "/o", "step");
   ASSERT_FALSE(steps.empty());
   for (const char* k : {"nll_loss", "log_odds_ratio", "log_odds_chosen", "rewards/accuracies"})
     EXPECT_TRUE(steps[0].contains(k)) << k;
@@ -308,8 +297,8 @@ TEST(Preference, WorkersAndAccumulationAgreeKilledRunResumesExactly) {
     const std::string name = "shape" + std::to_string(run++);
     const Ran r = RunCommand(job + " --num-epochs 2 " + shape + " --run-name " + name);
     ASSERT_EQ(r.code, 0) << r.out;
-    const auto steps = Records(dir + "/" + name, "step");
-    const auto epochs = Records(dir + "/" + name, "epoch");
+    const auto steps = test::MetricsRecords(dir + "/" + name, "step");
+    const auto epochs = test::MetricsRecords(dir + "/" + name, "epoch");
     ASSERT_EQ(epochs.size(), 2u);
     ASSERT_FALSE(steps.empty());
     // The first step's gradient (before any update): the same sum in another reduction order.
@@ -437,7 +426,7 @@ TEST(Preference, PrecomputedReferenceSurvivesResume) {
     r = RunCommand(job + " --lora-rank 4 --lr 1e-2 --num-epochs 2 --run-name lora" +
                    std::string(*extra ? "p" : "") + extra);
     ASSERT_EQ(r.code, 0) << r.out;
-    lora.push_back(Records(dir + "/lora" + std::string(*extra ? "p" : ""), "epoch"));
+    lora.push_back(test::MetricsRecords(dir + "/lora" + std::string(*extra ? "p" : ""), "epoch"));
     ASSERT_EQ(lora.back().size(), 2u);
   }
   for (size_t e = 0; e < 2; ++e)
@@ -456,7 +445,7 @@ TEST(Preference, EvaluateReportsTheRunsEvalLoss) {
                            "--num-epochs 2 --eval-dataset " +
                            dir + "/eval.jsonl --eval-split 'train[:8]' --run-name e");
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto evals = Records(dir + "/e", "eval");
+  const auto evals = test::MetricsRecords(dir + "/e", "eval");
   ASSERT_EQ(evals.size(), 2u);
   const std::string eval = std::string(ST_BINARY) +
                            " evaluate --model-id gemma4-tiny --data-dir " ST_SOURCE_DIR

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -106,6 +107,17 @@ inline Ran RunCommand(const std::string& cmd) {
 inline std::string ReadFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The records of one type ("step", "epoch", "eval") of a run directory's metrics.jsonl, in order.
+inline std::vector<nlohmann::json> MetricsRecords(const std::string& run, const std::string& type) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("type", "") == type) out.push_back(std::move(j));
+  }
+  return out;
 }
 
 // The newest checkpoint of a run directory (checkpoint_<time> names sort by time); "" if none.

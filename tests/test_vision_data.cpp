@@ -207,16 +207,6 @@ TEST(VisionChatData, EncoderCacheServesLaterBatchesTheSameSoftTokens) {
   EXPECT_EQ((*plain)->tower_images(), 3);
 }
 
-std::vector<nlohmann::json> Records(const std::string& run, const std::string& type) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("type", "") == type) out.push_back(j);
-  }
-  return out;
-}
-
 // finetune on the image set (Parquet), packed, two workers, LoRA on the text model and the tower
 // frozen: the held-out copy (JSON Lines, the same records) is learnt.
 TEST(VisionChatData, FinetuneLearnsTheImageSet) {
@@ -233,7 +223,7 @@ TEST(VisionChatData, FinetuneLearnsTheImageSet) {
   // What each part trains: the text model's LoRA, the tower frozen.
   EXPECT_NE(ran.out.find("Parts: text "), std::string::npos) << ran.out;
   EXPECT_NE(ran.out.find("trainable); vision tower "), std::string::npos) << ran.out;
-  const auto evals = Records(dir + "/v", "eval");
+  const auto evals = test::MetricsRecords(dir + "/v", "eval");
   ASSERT_EQ(evals.size(), 15u) << ran.out;
   const double first = evals.front()["eval_loss"].get<double>();
   const double last = evals.back()["eval_loss"].get<double>();
