@@ -1,8 +1,9 @@
-// The vision tower's forward (src/model/vision) against transformers' Gemma4VisionModel and
-// get_image_features on tests/fixtures/vision_tiny (tools/make_vision_fixtures.py): a tiny tower
-// with clipped linears, standardization and grouped key/value heads, two images of different
-// sizes (so different padding) through the processor; and the text model with those images' soft
-// tokens in its sequence against Gemma4ForConditionalGeneration (golden_text.safetensors).
+// The vision tower's forward and backward (src/model/vision) against transformers'
+// Gemma4VisionModel and get_image_features on tests/fixtures/vision_tiny
+// (tools/make_vision_fixtures.py): a tiny tower with clipped linears, standardization and grouped
+// key/value heads, two images of different sizes (so different padding) through the processor; and
+// the text model with those images' soft tokens in its sequence against
+// Gemma4ForConditionalGeneration (golden_text.safetensors).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,6 +82,55 @@ TEST(VisionTower, EqualsTransformersLayerByLayer) {
   std::printf("tower output: %.2e, soft tokens: %.2e\n",
               Rel(trace.tower.data(), tower_want.data(), tokens * H), soft_err);
   EXPECT_LT(soft_err, 2e-6);
+}
+
+// The tower trained: from the soft tokens' gradient of golden_text's loss (transformers'), every
+// tower and projection parameter's gradient as transformers' autograd computes it through
+// Gemma4ForConditionalGeneration (clipped linears whose bounds bind for some values, two images
+// with padding, grouped key/value heads).
+TEST(VisionTower, GradientsEqualTransformers) {
+  auto tower = vision::VisionTower::Load(kModel);
+  ASSERT_TRUE(tower.ok()) << tower.status().ToString();
+  const vision::VisionConfig& c = (*tower)->config();
+  auto g = SafeTensorsFile::Open(kModel + "/golden.safetensors");
+  auto gt = SafeTensorsFile::Open(kModel + "/golden_text.safetensors");
+  ASSERT_TRUE(g.ok() && gt.ok());
+  const int images = 2, max_patches = 280, P = 48;
+  std::vector<float> pixels(size_t(images) * max_patches * P);
+  std::vector<int32_t> pos(size_t(images) * max_patches * 2);
+  ASSERT_TRUE(g->ReadF32("pixel_values", pixels.data(), {images, max_patches, P}).ok());
+  ASSERT_TRUE(g->ReadI32("image_position_ids", pos.data(), {images, max_patches, 2}).ok());
+  vision::VisionSaved saved;
+  auto soft = (*tower)->Forward(pixels.data(), pos.data(), images, max_patches, nullptr, &saved);
+  ASSERT_TRUE(soft.ok()) << soft.status().ToString();
+  const int64_t tokens = 63 + 70;
+  ASSERT_EQ(static_cast<int64_t>(soft->size()), tokens * c.text_hidden_size);
+  std::vector<float> d_soft(soft->size());
+  ASSERT_TRUE(gt->ReadF32("grad.soft_tokens", d_soft.data(), {tokens, c.text_hidden_size}).ok());
+
+  vision::VisionTensors grads = vision::VisionTensors::Zeros(c);
+  ASSERT_TRUE((*tower)->Backward(saved, d_soft.data(), &grads).ok());
+  int checked = 0;
+  double worst = 0;
+  grads.ForEach(c, [&](const std::string& name, const std::vector<int64_t>& shape,
+                       std::vector<float>& got) {
+    std::vector<float> want(got.size());
+    ASSERT_TRUE(gt->ReadF32("grad." + name, want.data(), Shape(shape.begin(), shape.end())).ok())
+        << name;
+    const double err = Rel(got.data(), want.data(), static_cast<int64_t>(got.size()));
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 1e-4) << name;
+    ++checked;
+  });
+  std::printf("%d tower gradients, worst relative error %.2e\n", checked, worst);
+  EXPECT_EQ(checked, 2 + 13 * c.num_hidden_layers + 1);
+
+  // Backward adds: a second pass doubles every gradient.
+  vision::VisionTensors twice = grads;
+  ASSERT_TRUE((*tower)->Backward(saved, d_soft.data(), &twice).ok());
+  EXPECT_NEAR(twice.projection[0], 2 * grads.projection[0], 1e-6 * std::fabs(grads.projection[0]));
+  EXPECT_NEAR(twice.layers[0].q[3], 2 * grads.layers[0].q[3],
+              1e-5 * std::fabs(grads.layers[0].q[3]));
 }
 
 TEST(VisionTower, RefusalsAreOneLine) {

@@ -14,7 +14,8 @@ two images of different sizes, for tests/test_vision.cpp:
                                      tower's output embedded into the text width), images in order
 
 and golden_text.safetensors with what Gemma4ForConditionalGeneration computes when those soft
-tokens stand in the text sequence (frozen tower: the soft tokens are a leaf the test feeds in):
+tokens stand in the text sequence (first with the tower frozen: the soft tokens are a leaf the test
+feeds in; then trained, for the tower's gradients):
 
   input_ids, attention_mask, labels  [2, 80]: row 0 text, an image (63 image tokens), text; row 1
                                      an image (70), text, right padding; image positions are
@@ -22,6 +23,8 @@ tokens stand in the text sequence (frozen tower: the soft tokens are a leaf the 
   logits, loss, embeds, hidden.<i>   as tools/make_fixtures.py writes them
   grad.<text parameter>              every text parameter's gradient of the mean loss
   grad.soft_tokens                   [133, 48] the gradient that reaches the soft tokens
+  grad.model.vision_tower.*,         every tower and projection parameter's gradient of the same
+  grad.model.embed_vision.*          loss with the tower trained (a second pass from pixel_values)
 
 The text weights are perturbed as make_fixtures.py does, and the pad rows of both embedding tables
 are not zero, so that the test sees which rows the image positions read.
@@ -167,6 +170,17 @@ def text_golden(model, pixels, positions, counts):
             golden[f"grad.{name}"] = p.grad.detach().float()
         else:
             assert p.grad is None, name  # the tower is frozen: the soft tokens are a leaf
+
+    # The tower trained: the same batch from pixel_values, every tower parameter's gradient.
+    model.zero_grad(set_to_none=True)
+    out2 = model(input_ids=ids, attention_mask=mask, labels=labels, pixel_values=pixels,
+                 image_position_ids=positions, use_cache=False)
+    out2.loss.backward()
+    assert abs(float(out2.loss) - float(out.loss)) < 1e-5, (float(out2.loss), float(out.loss))
+    for name, p in model.named_parameters():
+        if name.startswith(("model.vision_tower.", "model.embed_vision.")):
+            assert p.grad is not None, name
+            golden[f"grad.{name}"] = p.grad.detach().float()
     return {k: v.contiguous().numpy() for k, v in golden.items()}, float(out.loss)
 
 

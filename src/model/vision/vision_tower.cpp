@@ -1,5 +1,6 @@
-// Gemma 4's vision tower, forward (vision_tower.h). Reference-style fp32 code on the CPU backend's
-// matrix product: correct first; its speed is not yet tuned (docs/vision.md).
+// Gemma 4's vision tower, forward and backward (vision_tower.h). Reference-style fp32 code on the
+// CPU backend's matrix products and kernels: correct first; its speed is not yet tuned
+// (docs/vision.md).
 #include "model/vision/vision_tower.h"
 
 #include <algorithm>
@@ -22,7 +23,7 @@ namespace {
 // kernel; `rstd` receives the n scales.
 void RmsNormRows(float* x, int64_t n, int64_t c, const float* w, double eps,
                  std::vector<float>& rstd) {
-  if (rstd.size() < size_t(n)) rstd.resize(size_t(n));
+  if (rstd.size() < size_t(n)) rstd.resize(static_cast<size_t>(n));
   cpu::RmsNormForward(x, w, x, rstd.data(), n, c, static_cast<float>(eps));
 }
 
@@ -157,59 +158,86 @@ StatusOr<VisionConfig> ReadVisionConfig(const std::string& model_dir) {
   return c;
 }
 
+void VisionTensors::ForEach(
+    const VisionConfig& c,
+    const std::function<void(const std::string&, const std::vector<int64_t>&, std::vector<float>&)>&
+        fn) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t q_out = int64_t(c.num_attention_heads) * D,
+                kv_out = int64_t(c.num_key_value_heads) * D;
+  const std::string pre = "model.vision_tower.";
+  fn(pre + "patch_embedder.input_proj.weight", {H, 3 * int64_t(c.patch_size) * c.patch_size},
+     input_proj);
+  fn(pre + "patch_embedder.position_embedding_table", {2, c.position_embedding_size, H},
+     position_table);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const std::string p = pre + "encoder.layers." + std::to_string(l) + ".";
+    VisionLayerTensors& L = layers[l];
+    fn(p + "input_layernorm.weight", {H}, L.input_norm);
+    fn(p + "post_attention_layernorm.weight", {H}, L.post_attn_norm);
+    fn(p + "pre_feedforward_layernorm.weight", {H}, L.pre_ff_norm);
+    fn(p + "post_feedforward_layernorm.weight", {H}, L.post_ff_norm);
+    fn(p + "self_attn.q_norm.weight", {D}, L.q_norm);
+    fn(p + "self_attn.k_norm.weight", {D}, L.k_norm);
+    fn(p + "self_attn.q_proj.linear.weight", {q_out, H}, L.q);
+    fn(p + "self_attn.k_proj.linear.weight", {kv_out, H}, L.k);
+    fn(p + "self_attn.v_proj.linear.weight", {kv_out, H}, L.v);
+    fn(p + "self_attn.o_proj.linear.weight", {H, q_out}, L.o);
+    fn(p + "mlp.gate_proj.linear.weight", {I, H}, L.gate);
+    fn(p + "mlp.up_proj.linear.weight", {I, H}, L.up);
+    fn(p + "mlp.down_proj.linear.weight", {H, I}, L.down);
+  }
+  fn("model.embed_vision.embedding_projection.weight", {c.text_hidden_size, H}, projection);
+}
+
+VisionTensors VisionTensors::Zeros(const VisionConfig& c) {
+  VisionTensors t;
+  t.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  t.ForEach(c, [](const std::string&, const std::vector<int64_t>& shape, std::vector<float>& v) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    v.assign(static_cast<size_t>(n), 0.0f);
+  });
+  return t;
+}
+
 StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const std::string& model_dir) {
   ST_ASSIGN_OR_RETURN(const VisionConfig c, ReadVisionConfig(model_dir));
   ST_ASSIGN_OR_RETURN(const Tensors t, Tensors::Open(model_dir));
   std::unique_ptr<VisionTower> tower(new VisionTower());
   tower->cfg_ = c;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int64_t q_out = int64_t(c.num_attention_heads) * D,
-                kv_out = int64_t(c.num_key_value_heads) * D;
-  const std::string pre = "model.vision_tower.";
-  ST_RETURN_IF_ERROR(t.Read(pre + "patch_embedder.input_proj.weight",
-                            {H, 3 * int64_t(c.patch_size) * c.patch_size}, &tower->input_proj_));
-  ST_RETURN_IF_ERROR(t.Read(pre + "patch_embedder.position_embedding_table",
-                            {2, c.position_embedding_size, H}, &tower->position_table_));
+  tower->w_.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  Status read;
+  tower->w_.ForEach(
+      c, [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& v) {
+        if (read.ok()) read = t.Read(name, Shape(shape.begin(), shape.end()), &v);
+      });
+  ST_RETURN_IF_ERROR(read);
   constexpr float kInf = std::numeric_limits<float>::infinity();
+  const std::string pre = "model.vision_tower.";
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = pre + "encoder.layers." + std::to_string(l) + ".";
-    Layer L;
-    ST_RETURN_IF_ERROR(t.Read(p + "input_layernorm.weight", {H}, &L.input_norm));
-    ST_RETURN_IF_ERROR(t.Read(p + "post_attention_layernorm.weight", {H}, &L.post_attn_norm));
-    ST_RETURN_IF_ERROR(t.Read(p + "pre_feedforward_layernorm.weight", {H}, &L.pre_ff_norm));
-    ST_RETURN_IF_ERROR(t.Read(p + "post_feedforward_layernorm.weight", {H}, &L.post_ff_norm));
-    ST_RETURN_IF_ERROR(t.Read(p + "self_attn.q_norm.weight", {D}, &L.q_norm));
-    ST_RETURN_IF_ERROR(t.Read(p + "self_attn.k_norm.weight", {D}, &L.k_norm));
-    struct Lin {
-      const char* name;
-      std::vector<float>* w;
-      Clip* clip;
-      Shape shape;
-    };
-    for (const Lin& lin : {Lin{"self_attn.q_proj", &L.q, &L.clip_q, {q_out, H}},
-                           Lin{"self_attn.k_proj", &L.k, &L.clip_k, {kv_out, H}},
-                           Lin{"self_attn.v_proj", &L.v, &L.clip_v, {kv_out, H}},
-                           Lin{"self_attn.o_proj", &L.o, &L.clip_o, {H, q_out}},
-                           Lin{"mlp.gate_proj", &L.gate, &L.clip_gate, {I, H}},
-                           Lin{"mlp.up_proj", &L.up, &L.clip_up, {I, H}},
-                           Lin{"mlp.down_proj", &L.down, &L.clip_down, {H, I}}}) {
-      const std::string n = p + lin.name;
-      ST_RETURN_IF_ERROR(t.Read(n + ".linear.weight", lin.shape, lin.w));
-      *lin.clip = Clip{-kInf, kInf, -kInf, kInf};
+    LayerClips C;
+    for (const auto& [name, clip] :
+         {std::pair{"self_attn.q_proj", &C.q}, std::pair{"self_attn.k_proj", &C.k},
+          std::pair{"self_attn.v_proj", &C.v}, std::pair{"self_attn.o_proj", &C.o},
+          std::pair{"mlp.gate_proj", &C.gate}, std::pair{"mlp.up_proj", &C.up},
+          std::pair{"mlp.down_proj", &C.down}}) {
+      *clip = Clip{-kInf, kInf, -kInf, kInf};
       if (!c.use_clipped_linears) continue;
-      ST_ASSIGN_OR_RETURN(lin.clip->in_min, t.Scalar(n + ".input_min", -kInf));
-      ST_ASSIGN_OR_RETURN(lin.clip->in_max, t.Scalar(n + ".input_max", kInf));
-      ST_ASSIGN_OR_RETURN(lin.clip->out_min, t.Scalar(n + ".output_min", -kInf));
-      ST_ASSIGN_OR_RETURN(lin.clip->out_max, t.Scalar(n + ".output_max", kInf));
+      const std::string n = p + name;
+      ST_ASSIGN_OR_RETURN(clip->in_min, t.Scalar(n + ".input_min", -kInf));
+      ST_ASSIGN_OR_RETURN(clip->in_max, t.Scalar(n + ".input_max", kInf));
+      ST_ASSIGN_OR_RETURN(clip->out_min, t.Scalar(n + ".output_min", -kInf));
+      ST_ASSIGN_OR_RETURN(clip->out_max, t.Scalar(n + ".output_max", kInf));
     }
-    tower->layers_.push_back(std::move(L));
+    tower->clips_.push_back(C);
   }
+  const int64_t H = c.hidden_size;
   if (c.standardize) {
     ST_RETURN_IF_ERROR(t.Read(pre + "std_bias", {H}, &tower->std_bias_));
     ST_RETURN_IF_ERROR(t.Read(pre + "std_scale", {H}, &tower->std_scale_));
   }
-  ST_RETURN_IF_ERROR(t.Read("model.embed_vision.embedding_projection.weight",
-                            {c.text_hidden_size, H}, &tower->projection_));
   // inv_freq = 1 / theta^(2i / (head_dim / 2)), i < head_dim / 4, computed as torch does (fp32
   // exponent, the power in fp32).
   const int spatial = c.head_dim / 2;
@@ -219,8 +247,61 @@ StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const std::string& mode
   return tower;
 }
 
+// An image's axial RoPE: per patch head_dim / 2 angles, the column's (head_dim / 4) then the
+// row's. Each half of a head (head_dim / 2 values, pairs (i, i + head_dim / 4)) rotates by its
+// axis' angles.
+struct VisionTower::Rope {
+  int64_t half = 0, quarter = 0;
+  std::vector<float> cos, sin;  // [patches, head_dim / 2]
+  Rope(const std::vector<int32_t>& pos, int64_t n, int64_t head_dim,
+       const std::vector<float>& inv_freq)
+      : half(head_dim / 2), quarter(head_dim / 4) {
+    cos.resize(size_t(n) * half);
+    sin.resize(size_t(n) * half);
+    for (int64_t p = 0; p < n; ++p)
+      for (int axis = 0; axis < 2; ++axis)
+        for (int64_t f = 0; f < quarter; ++f) {
+          const float angle = static_cast<float>(pos[2 * p + axis]) * inv_freq[size_t(f)];
+          cos[p * half + axis * quarter + f] = std::cos(angle);
+          sin[p * half + axis * quarter + f] = std::sin(angle);
+        }
+  }
+  // x [n, heads, head_dim] in place; inverse rotates back (the backward).
+  void Apply(float* x, int64_t n, int64_t heads, bool inverse) const {
+    const float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static) if (n > 64)
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t hd = 0; hd < heads; ++hd)
+        for (int axis = 0; axis < 2; ++axis) {
+          float* part = x + (p * heads + hd) * 2 * half + axis * half;
+          const float* c = cos.data() + p * half + axis * quarter;
+          const float* s = sin.data() + p * half + axis * quarter;
+          for (int64_t i = 0; i < quarter; ++i) {
+            const float a = part[i], b = part[i + quarter], si = sign * s[i];
+            part[i] = a * c[i] - b * si;
+            part[i + quarter] = b * c[i] + a * si;
+          }
+        }
+  }
+};
+
+// One encoder layer's forward values. A projection's `*_pre` is its output before the output
+// clip, kept only with clipped linears (otherwise empty: the clipped output is the same).
+struct VisionTower::Acts {
+  std::vector<float> x1, rstd1;                        // input norm
+  std::vector<float> q_pre, k_pre, v_pre, qc, kc, vc;  // projections
+  std::vector<float> rq, rk, rv, q, k, v;              // per-head norms; q and k roped
+  std::vector<float> att;                              // [n, heads * head_dim]
+  std::vector<float> o_pre, oc, rstd_pa;               // output projection, post-attention norm
+  std::vector<float> h2;                               // the residual after attention
+  std::vector<float> x2, rstd2;                        // pre-feedforward norm
+  std::vector<float> g_pre, gc, u_pre, uc, m;          // gate, up, gelu(gate) * up
+  std::vector<float> d_pre, dc, rstd_pff;              // down, post-feedforward norm
+  std::vector<float> scores, tmp;                      // scratch
+};
+
 void VisionTower::Linear(const float* x, int64_t rows, int64_t n_in, const std::vector<float>& w,
-                         int64_t n_out, const Clip& clip, float* out) const {
+                         int64_t n_out, const Clip& clip, float* pre, float* out) const {
   const float* in = x;
   std::vector<float> clipped;
   if (cfg_.use_clipped_linears) {
@@ -229,108 +310,212 @@ void VisionTower::Linear(const float* x, int64_t rows, int64_t n_in, const std::
     in = clipped.data();
   }
   cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, rows, n_out, n_in, 1.0f, in, n_in,
-            w.data(), n_in, 0.0f, out, n_out);
+            w.data(), n_in, 0.0f, pre, n_out);
   if (cfg_.use_clipped_linears)
     for (int64_t i = 0; i < rows * n_out; ++i)
-      out[i] = std::clamp(out[i], clip.out_min, clip.out_max);
+      out[i] = std::clamp(pre[i], clip.out_min, clip.out_max);
+  else if (out != pre)
+    std::copy(pre, pre + rows * n_out, out);
 }
 
-void VisionTower::Encode(std::vector<float>& h, const std::vector<int32_t>& pos, int64_t n,
-                         VisionTrace* trace, int image) const {
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int heads = cfg_.num_attention_heads, kv = cfg_.num_key_value_heads;
-  const int64_t half = D / 2, quarter = D / 4;
-  // cos/sin per patch: [n, D/2] for the column angles then the row angles, each of D/4.
-  std::vector<float> cosv(size_t(n) * half), sinv(size_t(n) * half);
-  for (int64_t p = 0; p < n; ++p)
-    for (int axis = 0; axis < 2; ++axis)
-      for (int64_t f = 0; f < quarter; ++f) {
-        const float angle = static_cast<float>(pos[2 * p + axis]) * inv_freq_[f];
-        cosv[p * half + axis * quarter + f] = std::cos(angle);
-        sinv[p * half + axis * quarter + f] = std::sin(angle);
-      }
-  // Rotates each half of a head (D/2 values: pairs (i, i + D/4)) by that half's axis angles.
-  const auto rope = [&](float* x, int64_t p) {
-    for (int axis = 0; axis < 2; ++axis) {
-      float* part = x + axis * half;
-      const float* c = cosv.data() + p * half + axis * quarter;
-      const float* s = sinv.data() + p * half + axis * quarter;
-      for (int64_t i = 0; i < quarter; ++i) {
-        const float a = part[i], b = part[i + quarter];
-        part[i] = a * c[i] - b * s[i];
-        part[i + quarter] = b * c[i] + a * s[i];
-      }
-    }
-  };
-  std::vector<float> x(size_t(n) * H), q(size_t(n) * heads * D), k(size_t(n) * kv * D),
-      v(size_t(n) * kv * D), att(size_t(n) * heads * D), out(size_t(n) * H), gate(size_t(n) * I),
-      up(size_t(n) * I), scores(static_cast<size_t>(n) * n), rstd;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    x = h;
-    RmsNormRows(x.data(), n, H, L.input_norm.data(), cfg_.rms_norm_eps, rstd);
-    Linear(x.data(), n, H, L.q, heads * D, L.clip_q, q.data());
-    Linear(x.data(), n, H, L.k, kv * D, L.clip_k, k.data());
-    Linear(x.data(), n, H, L.v, kv * D, L.clip_v, v.data());
-    RmsNormRows(q.data(), n * heads, D, L.q_norm.data(), cfg_.rms_norm_eps, rstd);
-    RmsNormRows(k.data(), n * kv, D, L.k_norm.data(), cfg_.rms_norm_eps, rstd);
-    RmsNormRows(v.data(), n * kv, D, nullptr, cfg_.rms_norm_eps, rstd);
-#pragma omp parallel for schedule(static) if (n > 64)
-    for (int64_t p = 0; p < n; ++p) {
-      for (int hd = 0; hd < heads; ++hd) rope(q.data() + (p * heads + hd) * D, p);
-      for (int hd = 0; hd < kv; ++hd) rope(k.data() + (p * kv + hd) * D, p);
-    }
-    // Bidirectional attention over the image's real patches, scale 1: per head S = Q K^T,
-    // row softmax, O = P V, as matrix products (a budget of 280 soft tokens is 2520 patches).
-    const int group = heads / kv;
-    for (int hd = 0; hd < heads; ++hd) {
-      const int g = hd / group;
-      cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, n, D, 1.0f,
-                q.data() + hd * D, heads * D, k.data() + g * D, kv * D, 0.0f, scores.data(), n);
-#pragma omp parallel for schedule(static) if (n * n > (1 << 16))
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = scores.data() + i * n;
-        const float m = *std::max_element(row, row + n);
-        float total = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          row[j] = std::exp(row[j] - m);
-          total += row[j];
-        }
-        const float inv = 1.0f / total;
-        for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-      }
-      cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, n, D, n, 1.0f, scores.data(), n,
-                v.data() + g * D, kv * D, 0.0f, att.data() + hd * D, heads * D);
-    }
-    Linear(att.data(), n, heads * D, L.o, H, L.clip_o, out.data());
-    RmsNormRows(out.data(), n, H, L.post_attn_norm.data(), cfg_.rms_norm_eps, rstd);
-    for (size_t i = 0; i < h.size(); ++i) h[i] += out[i];
-    x = h;
-    RmsNormRows(x.data(), n, H, L.pre_ff_norm.data(), cfg_.rms_norm_eps, rstd);
-    Linear(x.data(), n, H, L.gate, I, L.clip_gate, gate.data());
-    Linear(x.data(), n, H, L.up, I, L.clip_up, up.data());
-#pragma omp parallel for schedule(static) if (gate.size() > (1 << 16))
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = GeluTanh(gate[i]) * up[i];
-    Linear(gate.data(), n, I, L.down, H, L.clip_down, out.data());
-    RmsNormRows(out.data(), n, H, L.post_ff_norm.data(), cfg_.rms_norm_eps, rstd);
-    for (size_t i = 0; i < h.size(); ++i) h[i] += out[i];
-    if (trace) trace->layers[l][image] = h;
+void VisionTower::LinearBackward(const float* x, const float* pre, float* dy, int64_t rows,
+                                 int64_t n_in, const std::vector<float>& w, int64_t n_out,
+                                 const Clip& clip, std::vector<float>& dw, float* dx,
+                                 bool accumulate_dx) const {
+  if (!cfg_.use_clipped_linears) {
+    cpu::LinearBackward(x, w.data(), dy, dx, dw.data(), rows, n_in, n_out, 1.0f, accumulate_dx);
+    return;
   }
+  // torch.clamp passes the gradient where min <= value <= max.
+  for (int64_t i = 0; i < rows * n_out; ++i)
+    if (!(pre[i] >= clip.out_min && pre[i] <= clip.out_max)) dy[i] = 0.0f;
+  std::vector<float> in(x, x + rows * n_in), d_in(static_cast<size_t>(rows * n_in));
+  for (float& v : in) v = std::clamp(v, clip.in_min, clip.in_max);
+  cpu::LinearBackward(in.data(), w.data(), dy, d_in.data(), dw.data(), rows, n_in, n_out, 1.0f,
+                      false);
+  for (int64_t i = 0; i < rows * n_in; ++i) {
+    const float g = (x[i] >= clip.in_min && x[i] <= clip.in_max) ? d_in[i] : 0.0f;
+    dx[i] = accumulate_dx ? dx[i] + g : g;
+  }
+}
+
+void VisionTower::LayerForward(size_t l, const Rope& rope, int64_t n, std::vector<float>& h,
+                               Acts& a) const {
+  const VisionLayerTensors& L = w_.layers[l];
+  const LayerClips& C = clips_[l];
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t heads = cfg_.num_attention_heads, kv = cfg_.num_key_value_heads;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const bool clipped = cfg_.use_clipped_linears;
+  const auto sized = [](std::vector<float>& v, int64_t count) {
+    v.resize(static_cast<size_t>(count));
+    return v.data();
+  };
+  const auto linear = [&](const float* x, int64_t n_in, const std::vector<float>& w, int64_t n_out,
+                          const Clip& clip, std::vector<float>& pre, std::vector<float>& out) {
+    float* o = sized(out, n * n_out);
+    if (clipped)
+      Linear(x, n, n_in, w, n_out, clip, sized(pre, n * n_out), o);
+    else
+      Linear(x, n, n_in, w, n_out, clip, o, o);
+  };
+  cpu::RmsNormForward(h.data(), L.input_norm.data(), sized(a.x1, n * H), sized(a.rstd1, n), n, H,
+                      eps);
+  linear(a.x1.data(), H, L.q, heads * D, C.q, a.q_pre, a.qc);
+  linear(a.x1.data(), H, L.k, kv * D, C.k, a.k_pre, a.kc);
+  linear(a.x1.data(), H, L.v, kv * D, C.v, a.v_pre, a.vc);
+  cpu::RmsNormForward(a.qc.data(), L.q_norm.data(), sized(a.q, n * heads * D),
+                      sized(a.rq, n * heads), n * heads, D, eps);
+  cpu::RmsNormForward(a.kc.data(), L.k_norm.data(), sized(a.k, n * kv * D), sized(a.rk, n * kv),
+                      n * kv, D, eps);
+  cpu::RmsNormForward(a.vc.data(), nullptr, sized(a.v, n * kv * D), sized(a.rv, n * kv), n * kv, D,
+                      eps);
+  rope.Apply(a.q.data(), n, heads, false);
+  rope.Apply(a.k.data(), n, kv, false);
+  // Bidirectional attention over the image's real patches, scale 1: per head S = Q K^T,
+  // row softmax, O = P V, as matrix products (a budget of 280 soft tokens is 2520 patches).
+  float* scores = sized(a.scores, n * n);
+  sized(a.att, n * heads * D);
+  const int64_t group = heads / kv;
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    const int64_t g = hd / group;
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, n, D, 1.0f,
+              a.q.data() + hd * D, heads * D, a.k.data() + g * D, kv * D, 0.0f, scores, n);
+#pragma omp parallel for schedule(static) if (n * n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = scores + i * n;
+      const float mx = *std::max_element(row, row + n);
+      float total = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        total += row[j];
+      }
+      const float inv = 1.0f / total;
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    }
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, n, D, n, 1.0f, scores, n,
+              a.v.data() + g * D, kv * D, 0.0f, a.att.data() + hd * D, heads * D);
+  }
+  linear(a.att.data(), heads * D, L.o, H, C.o, a.o_pre, a.oc);
+  float* out = sized(a.tmp, n * H);
+  cpu::RmsNormForward(a.oc.data(), L.post_attn_norm.data(), out, sized(a.rstd_pa, n), n, H, eps);
+  for (int64_t i = 0; i < n * H; ++i) h[size_t(i)] += out[i];
+  a.h2 = h;
+  cpu::RmsNormForward(h.data(), L.pre_ff_norm.data(), sized(a.x2, n * H), sized(a.rstd2, n), n, H,
+                      eps);
+  linear(a.x2.data(), H, L.gate, I, C.gate, a.g_pre, a.gc);
+  linear(a.x2.data(), H, L.up, I, C.up, a.u_pre, a.uc);
+  cpu::GeluMulForward(a.gc.data(), a.uc.data(), sized(a.m, n * I), n * I);
+  linear(a.m.data(), I, L.down, H, C.down, a.d_pre, a.dc);
+  cpu::RmsNormForward(a.dc.data(), L.post_ff_norm.data(), out, sized(a.rstd_pff, n), n, H, eps);
+  for (int64_t i = 0; i < n * H; ++i) h[size_t(i)] += out[i];
+}
+
+void VisionTower::LayerBackward(size_t l, const Rope& rope, int64_t n,
+                                const std::vector<float>& h_in, const Acts& a,
+                                std::vector<float>& dh, VisionLayerTensors& g) const {
+  const VisionLayerTensors& L = w_.layers[l];
+  const LayerClips& C = clips_[l];
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t heads = cfg_.num_attention_heads, kv = cfg_.num_key_value_heads;
+  const auto pre = [](const std::vector<float>& p, const std::vector<float>& out) {
+    return p.empty() ? out.data() : p.data();
+  };
+  // Feed-forward branch: h3 = h2 + norm(down(gelu(gate(x2)) * up(x2))), x2 = norm(h2).
+  std::vector<float> d_out(static_cast<size_t>(n * H)), dm(static_cast<size_t>(n * I)),
+      dg(static_cast<size_t>(n * I)), du(static_cast<size_t>(n * I)),
+      dx(static_cast<size_t>(n * H));
+  cpu::RmsNormBackward(a.dc.data(), L.post_ff_norm.data(), a.rstd_pff.data(), dh.data(),
+                       d_out.data(), g.post_ff_norm.data(), n, H, false);
+  LinearBackward(a.m.data(), pre(a.d_pre, a.dc), d_out.data(), n, I, L.down, H, C.down, g.down,
+                 dm.data(), false);
+  cpu::GeluMulBackward(a.gc.data(), a.uc.data(), dm.data(), dg.data(), du.data(), n * I);
+  LinearBackward(a.x2.data(), pre(a.g_pre, a.gc), dg.data(), n, H, L.gate, I, C.gate, g.gate,
+                 dx.data(), false);
+  LinearBackward(a.x2.data(), pre(a.u_pre, a.uc), du.data(), n, H, L.up, I, C.up, g.up, dx.data(),
+                 true);
+  cpu::RmsNormBackward(a.h2.data(), L.pre_ff_norm.data(), a.rstd2.data(), dx.data(), dh.data(),
+                       g.pre_ff_norm.data(), n, H, true);
+  // Attention branch: h2 = h_in + norm(o(attention(q, k, v))).
+  std::vector<float> d_att(static_cast<size_t>(n * heads * D));
+  cpu::RmsNormBackward(a.oc.data(), L.post_attn_norm.data(), a.rstd_pa.data(), dh.data(),
+                       d_out.data(), g.post_attn_norm.data(), n, H, false);
+  LinearBackward(a.att.data(), pre(a.o_pre, a.oc), d_out.data(), n, heads * D, L.o, H, C.o, g.o,
+                 d_att.data(), false);
+  // Per head, recomputing P: dV += P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K,
+  // dK += dS^T Q.
+  std::vector<float> dq(static_cast<size_t>(n * heads * D)), dk(size_t(n * kv * D), 0.0f),
+      dv(size_t(n * kv * D), 0.0f), p(static_cast<size_t>(n * n)), dp(static_cast<size_t>(n * n));
+  const int64_t group = heads / kv;
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    const int64_t gi = hd / group;
+    const float* qh = a.q.data() + hd * D;
+    const float* kh = a.k.data() + gi * D;
+    const float* vh = a.v.data() + gi * D;
+    const float* oh = a.att.data() + hd * D;
+    const float* doh = d_att.data() + hd * D;
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, n, D, 1.0f, qh, heads * D, kh,
+              kv * D, 0.0f, p.data(), n);
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, n, D, 1.0f, doh, heads * D,
+              vh, kv * D, 0.0f, dp.data(), n);
+#pragma omp parallel for schedule(static) if (n * n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = p.data() + i * n;
+      const float mx = *std::max_element(row, row + n);
+      float total = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        total += row[j];
+      }
+      const float inv = 1.0f / total;
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      float dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += doh[i * heads * D + d] * oh[i * heads * D + d];
+      float* drow = dp.data() + i * n;
+      for (int64_t j = 0; j < n; ++j) drow[j] = row[j] * (drow[j] - dot);
+    }
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kYes, cpu::Trans::kNo, n, D, n, 1.0f, p.data(), n, doh,
+              heads * D, 1.0f, dv.data() + gi * D, kv * D);
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, n, D, n, 1.0f, dp.data(), n, kh,
+              kv * D, 0.0f, dq.data() + hd * D, heads * D);
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kYes, cpu::Trans::kNo, n, D, n, 1.0f, dp.data(), n, qh,
+              heads * D, 1.0f, dk.data() + gi * D, kv * D);
+  }
+  rope.Apply(dq.data(), n, heads, true);
+  rope.Apply(dk.data(), n, kv, true);
+  std::vector<float> dqc(dq.size()), dkc(dk.size()), dvc(dv.size());
+  cpu::RmsNormBackward(a.qc.data(), L.q_norm.data(), a.rq.data(), dq.data(), dqc.data(),
+                       g.q_norm.data(), n * heads, D, false);
+  cpu::RmsNormBackward(a.kc.data(), L.k_norm.data(), a.rk.data(), dk.data(), dkc.data(),
+                       g.k_norm.data(), n * kv, D, false);
+  cpu::RmsNormBackward(a.vc.data(), nullptr, a.rv.data(), dv.data(), dvc.data(), nullptr, n * kv, D,
+                       false);
+  LinearBackward(a.x1.data(), pre(a.q_pre, a.qc), dqc.data(), n, H, L.q, heads * D, C.q, g.q,
+                 dx.data(), false);
+  LinearBackward(a.x1.data(), pre(a.k_pre, a.kc), dkc.data(), n, H, L.k, kv * D, C.k, g.k,
+                 dx.data(), true);
+  LinearBackward(a.x1.data(), pre(a.v_pre, a.vc), dvc.data(), n, H, L.v, kv * D, C.v, g.v,
+                 dx.data(), true);
+  cpu::RmsNormBackward(h_in.data(), L.input_norm.data(), a.rstd1.data(), dx.data(), dh.data(),
+                       g.input_norm.data(), n, H, true);
 }
 
 StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
                                                   const int32_t* positions, int images,
-                                                  int max_patches, VisionTrace* trace) const {
+                                                  int max_patches, VisionTrace* trace,
+                                                  VisionSaved* saved) const {
   const int64_t H = cfg_.hidden_size, P = 3 * int64_t(cfg_.patch_size) * cfg_.patch_size;
   const int k = cfg_.pooling_kernel_size;
   if (max_patches % (k * k) != 0)
     return InvalidArgument(StrCat(max_patches, " patches per image do not pool by ", k, "x", k));
   if (trace) {
     trace->patch_embeddings.assign(images, {});
-    trace->layers.assign(layers_.size(), std::vector<std::vector<float>>(images));
+    trace->layers.assign(w_.layers.size(), std::vector<std::vector<float>>(images));
     trace->tower.clear();
   }
+  if (saved) saved->images.assign(static_cast<size_t>(images), {});
   std::vector<float> soft;  // [tokens, text width]
+  Acts acts;
   for (int img = 0; img < images; ++img) {
     const float* px = pixel_values + int64_t(img) * max_patches * P;
     const int32_t* pos = positions + int64_t(img) * max_patches * 2;
@@ -357,15 +542,21 @@ StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
     std::vector<float> x(size_t(n) * P), h(size_t(n) * H);
     for (int64_t i = 0; i < n * P; ++i) x[i] = 2.0f * (px[i] - 0.5f);
     cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, H, P, 1.0f, x.data(), P,
-              input_proj_.data(), P, 0.0f, h.data(), H);
+              w_.input_proj.data(), P, 0.0f, h.data(), H);
     for (int64_t i = 0; i < n; ++i) {
-      const float* ex = position_table_.data() + int64_t(p[2 * i]) * H;
+      const float* ex = w_.position_table.data() + int64_t(p[2 * i]) * H;
       const float* ey =
-          position_table_.data() + (int64_t(cfg_.position_embedding_size) + p[2 * i + 1]) * H;
+          w_.position_table.data() + (int64_t(cfg_.position_embedding_size) + p[2 * i + 1]) * H;
       for (int64_t c = 0; c < H; ++c) h[i * H + c] += ex[c] + ey[c];
     }
     if (trace) trace->patch_embeddings[img] = h;
-    Encode(h, p, n, trace, img);
+    VisionSaved::Image* keep = saved ? &saved->images[size_t(img)] : nullptr;
+    const Rope rope(p, n, cfg_.head_dim, inv_freq_);
+    for (size_t l = 0; l < w_.layers.size(); ++l) {
+      if (keep) keep->layer_in.push_back(h);
+      LayerForward(l, rope, n, h, acts);
+      if (trace) trace->layers[l][img] = h;
+    }
     // Pool k x k blocks (row-major over the pooled grid), scale by sqrt(hidden), standardize.
     const int64_t tokens = n / (int64_t(k) * k), pooled_cols = cols / k;
     std::vector<float> pooled(size_t(tokens) * H, 0.0f);
@@ -382,16 +573,83 @@ StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
         if (cfg_.standardize) v = (v - std_bias_[c]) * std_scale_[c];
       }
     if (trace) trace->tower.insert(trace->tower.end(), pooled.begin(), pooled.end());
+    if (keep) {
+      keep->patches = n;
+      keep->columns = cols;
+      keep->positions = p;
+      keep->input = std::move(x);
+      keep->layer_in.push_back(h);
+      keep->pooled = pooled;
+    }
     // Into the text width: RMSNorm without weights, then the projection.
     std::vector<float> rstd;
     RmsNormRows(pooled.data(), tokens, H, nullptr, cfg_.rms_norm_eps, rstd);
     const size_t at = soft.size();
     soft.resize(at + size_t(tokens) * cfg_.text_hidden_size);
     cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, tokens, cfg_.text_hidden_size, H,
-              1.0f, pooled.data(), H, projection_.data(), H, 0.0f, soft.data() + at,
+              1.0f, pooled.data(), H, w_.projection.data(), H, 0.0f, soft.data() + at,
               cfg_.text_hidden_size);
   }
   return soft;
+}
+
+Status VisionTower::Backward(const VisionSaved& saved, const float* d_soft,
+                             VisionTensors* grads) const {
+  const int64_t H = cfg_.hidden_size, P = 3 * int64_t(cfg_.patch_size) * cfg_.patch_size;
+  const int64_t W = cfg_.text_hidden_size, k = cfg_.pooling_kernel_size;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  if (grads->layers.size() != w_.layers.size() || grads->projection.size() != w_.projection.size())
+    return InvalidArgument("the tower's gradients are not shaped as its weights");
+  Acts acts;
+  int64_t at = 0;  // the image's first soft token
+  for (const VisionSaved::Image& im : saved.images) {
+    const int64_t n = im.patches, tokens = n / (k * k), pooled_cols = im.columns / k;
+    if (im.layer_in.size() != w_.layers.size() + 1)
+      return InvalidArgument("the saved forward does not match the tower");
+    const float* ds = d_soft + at * W;
+    at += tokens;
+    // Projection: soft = norm(pooled) Wp^T.
+    std::vector<float> normed(static_cast<size_t>(tokens * H)), rstd(static_cast<size_t>(tokens)),
+        dnormed(static_cast<size_t>(tokens * H)), dpooled(static_cast<size_t>(tokens * H));
+    cpu::RmsNormForward(im.pooled.data(), nullptr, normed.data(), rstd.data(), tokens, H, eps);
+    cpu::LinearBackward(normed.data(), w_.projection.data(), ds, dnormed.data(),
+                        grads->projection.data(), tokens, H, W, 1.0f, false);
+    cpu::RmsNormBackward(im.pooled.data(), nullptr, rstd.data(), dnormed.data(), dpooled.data(),
+                         nullptr, tokens, H, false);
+    // Standardization and the sqrt(hidden) scale, then the mean over each block.
+    const float root = static_cast<float>(std::sqrt(double(H)));
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t c = 0; c < H; ++c)
+        dpooled[size_t(t * H + c)] *= root * (cfg_.standardize ? std_scale_[size_t(c)] : 1.0f);
+    std::vector<float> dh(static_cast<size_t>(n * H));
+    const float w = 1.0f / static_cast<float>(k * k);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t =
+          im.positions[size_t(2 * i)] / k + pooled_cols * (im.positions[size_t(2 * i + 1)] / k);
+      for (int64_t c = 0; c < H; ++c) dh[size_t(i * H + c)] = w * dpooled[size_t(t * H + c)];
+    }
+    // The encoder layers in reverse, each recomputed from its saved input.
+    const Rope rope(im.positions, n, cfg_.head_dim, inv_freq_);
+    std::vector<float> h;
+    for (size_t l = w_.layers.size(); l-- > 0;) {
+      h = im.layer_in[l];
+      LayerForward(l, rope, n, h, acts);
+      LayerBackward(l, rope, n, im.layer_in[l], acts, dh, grads->layers[l]);
+    }
+    // Patch embedding: h = x Wi^T + table[x position] + table[size + y position].
+    cpu::LinearBackward(im.input.data(), w_.input_proj.data(), dh.data(), nullptr,
+                        grads->input_proj.data(), n, P, H, 1.0f, false);
+    for (int64_t i = 0; i < n; ++i) {
+      float* gx = grads->position_table.data() + int64_t(im.positions[size_t(2 * i)]) * H;
+      float* gy = grads->position_table.data() +
+                  (int64_t(cfg_.position_embedding_size) + im.positions[size_t(2 * i + 1)]) * H;
+      for (int64_t c = 0; c < H; ++c) {
+        gx[c] += dh[size_t(i * H + c)];
+        gy[c] += dh[size_t(i * H + c)];
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace st::vision

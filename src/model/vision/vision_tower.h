@@ -1,7 +1,8 @@
-// Gemma 4's vision tower, forward (inference): patches from the image processor
+// Gemma 4's vision tower, forward and backward: patches from the image processor
 // (src/data/images) to soft tokens in the text model's width, as transformers'
-// Gemma4VisionModel + Gemma4MultimodalEmbedder compute them (get_image_features). See
-// docs/vision.md, "The vision tower".
+// Gemma4VisionModel + Gemma4MultimodalEmbedder compute them (get_image_features), and the
+// gradient of every tower parameter from the soft tokens' gradient (the text engine's
+// Batch::soft_tokens_grad). See docs/vision.md, "The vision tower".
 //
 //   patch embedding  Linear(2 * (pixels - 0.5)) + a learned x and y position embedding
 //   encoder layers   pre/post RMSNorm around bidirectional attention (scale 1, per-head RMSNorm
@@ -14,10 +15,13 @@
 //   projection       RMSNorm without weights, then Linear into the text width
 //
 // Padding patches never reach a real patch (they are masked keys, and pooling drops them), so
-// only an image's real patches are computed.
+// only an image's real patches are computed, forward and backward.
+//
+// Not the optimizer, LoRA on the tower or its sharding (docs/vision.md, "Not done yet").
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +62,41 @@ struct VisionTrace {
   std::vector<float> tower;                             // [soft tokens, hidden], all images
 };
 
+// The tower's trainable tensors (the clipping bounds and the standardization are buffers), in
+// the layout the checkpoint stores them; the weights and, sized alike, their gradients.
+struct VisionLayerTensors {
+  std::vector<float> input_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm;
+  std::vector<float> q, k, v, o, gate, up, down;  // [out, in] as stored
+};
+struct VisionTensors {
+  std::vector<float> input_proj;      // [hidden, 3 * patch^2]
+  std::vector<float> position_table;  // [2, position_embedding_size, hidden]
+  std::vector<VisionLayerTensors> layers;
+  std::vector<float> projection;  // [text hidden, hidden] (model.embed_vision)
+  // Every tensor with its checkpoint name and shape, in a fixed order.
+  void ForEach(const VisionConfig& c,
+               const std::function<void(const std::string& name, const std::vector<int64_t>& shape,
+                                        std::vector<float>& t)>& fn);
+  // The same tensors, every one zero (gradients to accumulate into).
+  static VisionTensors Zeros(const VisionConfig& c);
+};
+
+// What Backward needs of a Forward: per image its real patches' positions and inputs, each
+// encoder layer's input, and the pooled values before the projection's norm. Per image about
+// (layers + 2) x patches x hidden floats; a layer's other values are recomputed in the backward
+// (activation checkpointing per layer).
+struct VisionSaved {
+  struct Image {
+    int64_t patches = 0, columns = 0;
+    std::vector<int32_t> positions;            // [patches, 2]
+    std::vector<float> input;                  // [patches, 3 * patch^2]: 2 * (pixel - 0.5)
+    std::vector<std::vector<float>> layer_in;  // [layers + 1][patches, hidden]: the last is the
+                                               // encoder's output
+    std::vector<float> pooled;                 // [soft tokens, hidden] before the norm
+  };
+  std::vector<Image> images;
+};
+
 class VisionTower {
  public:
   // Reads the tower's and the projection's tensors (model.vision_tower.*, model.embed_vision.*)
@@ -70,33 +109,48 @@ class VisionTower {
   // ((column, row), (-1, -1) for padding) as the processor makes them. Returns the soft tokens
   // [sum over images of real patches / pooling^2, text width], image after image; `trace`
   // (optional) receives the intermediate values.
+  // `saved` (optional) receives what Backward needs.
   StatusOr<std::vector<float>> Forward(const float* pixel_values, const int32_t* positions,
-                                       int images, int max_patches,
-                                       VisionTrace* trace = nullptr) const;
+                                       int images, int max_patches, VisionTrace* trace = nullptr,
+                                       VisionSaved* saved = nullptr) const;
+
+  // Adds d(loss)/d(tensor) for every tower tensor into `grads` (VisionTensors::Zeros to start),
+  // given d_soft = d(loss)/d(soft tokens) [the Forward's soft tokens, text width]. Clipped
+  // linears pass gradient where the clamp did not bind (bounds included, as torch.clamp).
+  Status Backward(const VisionSaved& saved, const float* d_soft, VisionTensors* grads) const;
+
+  const VisionTensors& weights() const { return w_; }
 
  private:
   struct Clip {
     float in_min, in_max, out_min, out_max;
   };
-  struct Layer {
-    std::vector<float> input_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm;
-    std::vector<float> q, k, v, o, gate, up, down;  // [out, in] as stored
-    Clip clip_q, clip_k, clip_v, clip_o, clip_gate, clip_up, clip_down;
+  struct LayerClips {
+    Clip q, k, v, o, gate, up, down;
   };
+  struct Acts;  // one encoder layer's forward values (vision_tower.cpp)
+  struct Rope;  // an image's axial RoPE tables
   VisionTower() = default;
-  // out [rows, n_out] = clip(clip(x [rows, n_in]) W^T)
+  // pre [rows, n_out] = clip_in(x [rows, n_in]) W^T, out = clip_out(pre) (pre may be out).
   void Linear(const float* x, int64_t rows, int64_t n_in, const std::vector<float>& w,
-              int64_t n_out, const Clip& clip, float* out) const;
-  void Encode(std::vector<float>& h, const std::vector<int32_t>& pos, int64_t n, VisionTrace* trace,
-              int image) const;
+              int64_t n_out, const Clip& clip, float* pre, float* out) const;
+  // dx (= or +=) and dw (+=) from dy (masked in place by the output clip), given the forward's x
+  // and pre.
+  void LinearBackward(const float* x, const float* pre, float* dy, int64_t rows, int64_t n_in,
+                      const std::vector<float>& w, int64_t n_out, const Clip& clip,
+                      std::vector<float>& dw, float* dx, bool accumulate_dx) const;
+  // One encoder layer on h [n, hidden] in place, its values into a.
+  void LayerForward(size_t l, const Rope& rope, int64_t n, std::vector<float>& h, Acts& a) const;
+  // dh [n, hidden]: d(layer output) in, d(layer input) out; the layer's gradients added into g.
+  // h_in is the layer's input, a its LayerForward values.
+  void LayerBackward(size_t l, const Rope& rope, int64_t n, const std::vector<float>& h_in,
+                     const Acts& a, std::vector<float>& dh, VisionLayerTensors& g) const;
 
   VisionConfig cfg_;
-  std::vector<float> input_proj_;      // [hidden, 3 * patch^2]
-  std::vector<float> position_table_;  // [2, position_embedding_size, hidden]
-  std::vector<Layer> layers_;
+  VisionTensors w_;
+  std::vector<LayerClips> clips_;
   std::vector<float> std_bias_, std_scale_;
-  std::vector<float> projection_;  // [text hidden, hidden]
-  std::vector<float> inv_freq_;    // head_dim / 4 frequencies of the axial RoPE
+  std::vector<float> inv_freq_;  // head_dim / 4 frequencies of the axial RoPE
 };
 
 }  // namespace st::vision
