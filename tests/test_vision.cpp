@@ -108,7 +108,7 @@ TEST(VisionTower, GradientsEqualTransformers) {
   std::vector<float> d_soft(soft->size());
   ASSERT_TRUE(gt->ReadF32("grad.soft_tokens", d_soft.data(), {tokens, c.text_hidden_size}).ok());
 
-  vision::VisionTensors grads = vision::VisionTensors::Zeros(c);
+  vision::VisionTensors grads = (*tower)->weights().ZerosLike();
   ASSERT_TRUE((*tower)->Backward(saved, d_soft.data(), &grads).ok());
   int checked = 0;
   double worst = 0;
@@ -131,6 +131,74 @@ TEST(VisionTower, GradientsEqualTransformers) {
   EXPECT_NEAR(twice.projection[0], 2 * grads.projection[0], 1e-6 * std::fabs(grads.projection[0]));
   EXPECT_NEAR(twice.layers[0].q[3], 2 * grads.layers[0].q[3],
               1e-5 * std::fabs(grads.layers[0].q[3]));
+}
+
+// LoRA on the tower as PEFT places it (golden_lora.safetensors: get_peft_model on
+// Gemma4ForConditionalGeneration, adapters inside the clipped linears, on the patch embedder and on
+// the projection, the other linears left alone): the soft tokens and every adapter's gradient.
+TEST(VisionTower, LoraEqualsPeft) {
+  auto loaded = vision::VisionTower::Load(kModel);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  vision::VisionTower& tower = **loaded;
+  const vision::VisionConfig& c = tower.config();
+  auto g = SafeTensorsFile::Open(kModel + "/golden.safetensors");
+  auto gl = SafeTensorsFile::Open(kModel + "/golden_lora.safetensors");
+  ASSERT_TRUE(g.ok() && gl.ok());
+
+  // "q_proj" names the wrapper (PEFT refuses it); its Linear is "q_proj.linear".
+  auto wrapper = tower.EnableLora(ParseLoraTargets("q_proj"), 2, 2.0, 1);
+  ASSERT_FALSE(wrapper.ok());
+  EXPECT_NE(wrapper.status().ToString().find("q_proj.linear"), std::string::npos)
+      << wrapper.status().ToString();
+  auto chosen = tower.EnableLora(
+      ParseLoraTargets("q_proj.linear,down_proj.linear,input_proj,embedding_projection"), 2,
+      LoraScaling(2, 4.0, false), 1);
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  EXPECT_EQ(chosen->size(), 6u);
+  int adapters = 0;
+  tower.mutable_weights().ForEach(
+      c, [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& t) {
+        if (name.find(".lora_") == std::string::npos) return;
+        ASSERT_TRUE(gl->ReadF32("lora." + name, t.data(), Shape(shape.begin(), shape.end())).ok())
+            << name;
+        ++adapters;
+      });
+  EXPECT_EQ(adapters, 12);
+
+  const int images = 2, max_patches = 280, P = 48;
+  std::vector<float> pixels(size_t(images) * max_patches * P);
+  std::vector<int32_t> pos(size_t(images) * max_patches * 2);
+  ASSERT_TRUE(g->ReadF32("pixel_values", pixels.data(), {images, max_patches, P}).ok());
+  ASSERT_TRUE(g->ReadI32("image_position_ids", pos.data(), {images, max_patches, 2}).ok());
+  vision::VisionSaved saved;
+  auto soft = tower.Forward(pixels.data(), pos.data(), images, max_patches, nullptr, &saved);
+  ASSERT_TRUE(soft.ok()) << soft.status().ToString();
+  const int64_t tokens = 63 + 70, W = c.text_hidden_size;
+  std::vector<float> want(size_t(tokens * W)), d_soft(size_t(tokens * W));
+  ASSERT_TRUE(gl->ReadF32("soft_tokens", want.data(), {tokens, W}).ok());
+  ASSERT_TRUE(gl->ReadF32("d_soft", d_soft.data(), {tokens, W}).ok());
+  ASSERT_EQ(soft->size(), want.size());
+  EXPECT_LT(Rel(soft->data(), want.data(), tokens * W), 2e-6);
+
+  // The base frozen: gradients for the adapters only.
+  vision::VisionTensors grads = tower.weights().ZerosLike(/*base=*/false);
+  ASSERT_TRUE(tower.Backward(saved, d_soft.data(), &grads).ok());
+  EXPECT_TRUE(grads.projection.empty() && grads.layers[0].q.empty());
+  int checked = 0;
+  double worst = 0;
+  grads.ForEach(c, [&](const std::string& name, const std::vector<int64_t>& shape,
+                       std::vector<float>& got) {
+    if (got.empty()) return;
+    std::vector<float> expect(got.size());
+    ASSERT_TRUE(gl->ReadF32("grad." + name, expect.data(), Shape(shape.begin(), shape.end())).ok())
+        << name;
+    const double err = Rel(got.data(), expect.data(), static_cast<int64_t>(got.size()));
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 1e-4) << name;
+    ++checked;
+  });
+  std::printf("%d adapter gradients, worst relative error %.2e\n", checked, worst);
+  EXPECT_EQ(checked, 12);
 }
 
 TEST(VisionTower, RefusalsAreOneLine) {

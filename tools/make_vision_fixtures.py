@@ -26,6 +26,14 @@ feeds in; then trained, for the tower's gradients):
   grad.model.vision_tower.*,         every tower and projection parameter's gradient of the same
   grad.model.embed_vision.*          loss with the tower trained (a second pass from pixel_values)
 
+and golden_lora.safetensors, LoRA on the tower as PEFT places it (get_peft_model with
+target_modules LORA_TARGETS, r 2, alpha 4; B drawn non-zero so the adapters change the output):
+
+  lora.<module>.lora_A.weight, ...   the adapters (PEFT's names without base_model.model./default)
+  soft_tokens                        [133, 48] get_image_features' output with the adapters
+  d_soft                             [133, 48] a fixed random tensor R; the loss is sum(soft * R)
+  grad.<module>.lora_A.weight, ...   every adapter's gradient of that loss (the base frozen)
+
 The text weights are perturbed as make_fixtures.py does, and the pad rows of both embedding tables
 are not zero, so that the test sees which rows the image positions read.
 
@@ -184,6 +192,34 @@ def text_golden(model, pixels, positions, counts):
     return {k: v.contiguous().numpy() for k, v in golden.items()}, float(out.loss)
 
 
+LORA_TARGETS = ["q_proj.linear", "down_proj.linear", "input_proj", "embedding_projection"]
+
+
+def lora_golden(model, pixels, positions):
+    """LoRA on some of the tower's linears through PEFT: the soft tokens and the adapters' gradients."""
+    from peft import LoraConfig, get_peft_model
+    model.eval()
+    peft = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=LORA_TARGETS, lora_dropout=0.0))
+    g = torch.Generator().manual_seed(781)
+    adapters = {}
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" not in name:
+                continue
+            assert "vision" in name, name  # the targets select tower linears only
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            adapters[name.removeprefix("base_model.model.").replace(".default", "")] = p
+    soft = torch.cat(list(peft.base_model.model.model.get_image_features(pixels, positions).pooler_output), 0)
+    r = torch.randn(soft.shape, generator=g)
+    (soft * r).sum().backward()
+    golden = {"soft_tokens": soft.detach(), "d_soft": r}
+    for name, p in adapters.items():
+        golden[f"lora.{name}"] = p.detach().clone()
+        golden[f"grad.{name}"] = p.grad.detach().clone()
+    peft.unload()  # the base model as it was
+    return {k: v.float().contiguous().numpy() for k, v in golden.items()}, len(adapters) // 2
+
+
 def main():
     model = build()
     os.makedirs(OUT, exist_ok=True)
@@ -224,6 +260,10 @@ def main():
               metadata={"generator": f"tools/make_vision_fixtures.py transformers={transformers.__version__} "
                                      f"torch={torch.__version__}"})
     print(f"text with soft tokens: loss {loss:.6f}")
+    lora, modules = lora_golden(model, pixels, positions)
+    save_file(lora, os.path.join(OUT, "golden_lora.safetensors"),
+              metadata={"targets": ",".join(LORA_TARGETS), "rank": "2", "alpha": "4"})
+    print(f"LoRA on {modules} tower linears")
     print(f"wrote {OUT}: soft tokens per image {meta['soft_tokens_per_image']}, "
           f"{sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT)) / 1e6:.2f} MB")
 

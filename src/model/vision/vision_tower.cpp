@@ -9,7 +9,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
 
+#include "core/rng.h"
 #include "io/hf_model.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/gemm.h"
@@ -72,6 +75,31 @@ StatusOr<int> Int(const nlohmann::json& j, const char* key, int fallback) {
   if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0 || j[key].get<int64_t>() > 1 << 20)
     return InvalidArgument(StrCat("vision_config.", key, " must be a positive integer"));
   return j[key].get<int>();
+}
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
+
+// (in, out) of linear `slot` (VisionTower::LinearModules' order).
+std::pair<int64_t, int64_t> SlotShape(const VisionConfig& c, int slot) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t q_out = int64_t(c.num_attention_heads) * c.head_dim,
+                kv_out = int64_t(c.num_key_value_heads) * c.head_dim;
+  if (slot == 0) return {3 * int64_t(c.patch_size) * c.patch_size, H};
+  if (slot == 7 * c.num_hidden_layers + 1) return {H, c.text_hidden_size};
+  switch ((slot - 1) % 7) {
+    case 0:
+      return {H, q_out};
+    case 1:
+    case 2:
+      return {H, kv_out};
+    case 3:
+      return {q_out, H};
+    case 4:
+    case 5:
+      return {H, I};
+    default:
+      return {I, H};
+  }
 }
 
 }  // namespace
@@ -188,17 +216,89 @@ void VisionTensors::ForEach(
     fn(p + "mlp.down_proj.linear.weight", {H, I}, L.down);
   }
   fn("model.embed_vision.embedding_projection.weight", {c.text_hidden_size, H}, projection);
+  const std::vector<std::string> modules = VisionTower::LinearModules(c);
+  for (size_t slot = 0; slot < lora_a.size() && slot < modules.size(); ++slot) {
+    if (lora_a[slot].empty()) continue;
+    const auto [in, out] = SlotShape(c, static_cast<int>(slot));
+    const int64_t rank = static_cast<int64_t>(lora_a[slot].size()) / in;
+    fn(modules[slot] + ".lora_A.weight", {rank, in}, lora_a[slot]);
+    fn(modules[slot] + ".lora_B.weight", {out, rank}, lora_b[slot]);
+  }
 }
 
-VisionTensors VisionTensors::Zeros(const VisionConfig& c) {
-  VisionTensors t;
-  t.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-  t.ForEach(c, [](const std::string&, const std::vector<int64_t>& shape, std::vector<float>& v) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    v.assign(static_cast<size_t>(n), 0.0f);
-  });
+VisionTensors VisionTensors::ZerosLike(bool base) const {
+  VisionTensors t = *this;
+  const auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
+  for (std::vector<float>* v : {&t.input_proj, &t.position_table, &t.projection})
+    base ? zero(*v) : v->clear();
+  for (VisionLayerTensors& L : t.layers)
+    for (std::vector<float>* v :
+         {&L.input_norm, &L.post_attn_norm, &L.pre_ff_norm, &L.post_ff_norm, &L.q_norm, &L.k_norm,
+          &L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      base ? zero(*v) : v->clear();
+  for (auto* list : {&t.lora_a, &t.lora_b})
+    for (std::vector<float>& v : *list) zero(v);
   return t;
+}
+
+std::vector<std::string> VisionTower::LinearModules(const VisionConfig& c) {
+  std::vector<std::string> m = {"model.vision_tower.patch_embedder.input_proj"};
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                             "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      m.push_back(StrCat("model.vision_tower.encoder.layers.", l, ".", name, ".linear"));
+  m.push_back("model.embed_vision.embedding_projection");
+  return m;
+}
+
+StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& targets, int64_t rank,
+                                                           double scaling, uint64_t seed) {
+  if (rank <= 0) return InvalidArgument("the LoRA rank must be positive");
+  const std::vector<std::string> modules = LinearModules(cfg_);
+  std::optional<std::regex> re;
+  if (!targets.regex.empty()) {
+    try {
+      re.emplace(targets.regex, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return InvalidArgument(StrCat("LoRA target_modules '", targets.regex,
+                                    "' is not a regular expression: ", e.what()));
+    }
+  }
+  const auto selected = [&](const std::string& m) {
+    if (re) return std::regex_match(m, *re);
+    for (const std::string& t : targets.names)
+      if (t == "all-linear" || m == t ||
+          (m.size() > t.size() && m.compare(m.size() - t.size(), t.size(), t) == 0 &&
+           m[m.size() - t.size() - 1] == '.'))
+        return true;
+    return false;
+  };
+  w_.lora_a.assign(modules.size(), {});
+  w_.lora_b.assign(modules.size(), {});
+  std::vector<std::string> chosen;
+  for (size_t slot = 0; slot < modules.size(); ++slot) {
+    if (!selected(modules[slot])) continue;
+    const auto [in, out] = SlotShape(cfg_, static_cast<int>(slot));
+    std::vector<float>& a = w_.lora_a[slot];
+    a.resize(static_cast<size_t>(rank * in));
+    // kaiming_uniform_(a = sqrt(5)): bound 1 / sqrt(fan_in), as PEFT initialises lora_A.
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    Rng rng(seed * 0x100000001b3ull + slot * 0x9e3779b97f4a7c15ull + 0x56695341);
+    for (float& v : a) v = static_cast<float>((2.0 * rng.Uniform() - 1.0) * bound);
+    w_.lora_b[slot].assign(static_cast<size_t>(out * rank), 0.0f);
+    chosen.push_back(modules[slot]);
+  }
+  if (chosen.empty()) {
+    w_.lora_a.clear();
+    w_.lora_b.clear();
+    return InvalidArgument(StrCat("LoRA target_modules ", LoraTargetsString(targets),
+                                  " select none of the vision tower's linears (",
+                                  "q_proj.linear, ..., down_proj.linear, input_proj, "
+                                  "embedding_projection, or all-linear)"));
+  }
+  lora_rank_ = rank;
+  lora_scaling_ = static_cast<float>(scaling);
+  return chosen;
 }
 
 StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const std::string& model_dir) {
@@ -223,7 +323,7 @@ StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const std::string& mode
           std::pair{"self_attn.v_proj", &C.v}, std::pair{"self_attn.o_proj", &C.o},
           std::pair{"mlp.gate_proj", &C.gate}, std::pair{"mlp.up_proj", &C.up},
           std::pair{"mlp.down_proj", &C.down}}) {
-      *clip = Clip{-kInf, kInf, -kInf, kInf};
+      *clip = Clip{-kInf, kInf, -kInf, kInf, c.use_clipped_linears};
       if (!c.use_clipped_linears) continue;
       const std::string n = p + name;
       ST_ASSIGN_OR_RETURN(clip->in_min, t.Scalar(n + ".input_min", -kInf));
@@ -300,43 +400,85 @@ struct VisionTower::Acts {
   std::vector<float> scores, tmp;                      // scratch
 };
 
-void VisionTower::Linear(const float* x, int64_t rows, int64_t n_in, const std::vector<float>& w,
-                         int64_t n_out, const Clip& clip, float* pre, float* out) const {
+void VisionTower::Linear(int slot, const float* x, int64_t rows, int64_t n_in,
+                         const std::vector<float>& w, int64_t n_out, const Clip& clip, float* pre,
+                         float* out) const {
   const float* in = x;
   std::vector<float> clipped;
-  if (cfg_.use_clipped_linears) {
+  if (clip.active) {
     clipped.assign(x, x + rows * n_in);
     for (float& v : clipped) v = std::clamp(v, clip.in_min, clip.in_max);
     in = clipped.data();
   }
   cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, rows, n_out, n_in, 1.0f, in, n_in,
             w.data(), n_in, 0.0f, pre, n_out);
-  if (cfg_.use_clipped_linears)
+  if (size_t(slot) < w_.lora_a.size() && !w_.lora_a[size_t(slot)].empty()) {
+    const int64_t r = lora_rank_;
+    std::vector<float> t(static_cast<size_t>(rows * r));
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, rows, r, n_in, 1.0f, in, n_in,
+              w_.lora_a[size_t(slot)].data(), n_in, 0.0f, t.data(), r);
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, rows, n_out, r, lora_scaling_,
+              t.data(), r, w_.lora_b[size_t(slot)].data(), r, 1.0f, pre, n_out);
+  }
+  if (clip.active)
     for (int64_t i = 0; i < rows * n_out; ++i)
       out[i] = std::clamp(pre[i], clip.out_min, clip.out_max);
   else if (out != pre)
     std::copy(pre, pre + rows * n_out, out);
 }
 
-void VisionTower::LinearBackward(const float* x, const float* pre, float* dy, int64_t rows,
-                                 int64_t n_in, const std::vector<float>& w, int64_t n_out,
-                                 const Clip& clip, std::vector<float>& dw, float* dx,
-                                 bool accumulate_dx) const {
-  if (!cfg_.use_clipped_linears) {
-    cpu::LinearBackward(x, w.data(), dy, dx, dw.data(), rows, n_in, n_out, 1.0f, accumulate_dx);
-    return;
+void VisionTower::LinearBackward(int slot, const float* x, const float* pre, float* dy,
+                                 int64_t rows, int64_t n_in, const std::vector<float>& w,
+                                 int64_t n_out, const Clip& clip, std::vector<float>& dw,
+                                 VisionTensors& g, float* dx, bool accumulate_dx) const {
+  const bool clipped = clip.active;
+  const float* in = x;
+  std::vector<float> in_c, d_in;
+  if (clipped) {
+    // torch.clamp passes the gradient where min <= value <= max.
+    for (int64_t i = 0; i < rows * n_out; ++i)
+      if (!(pre[i] >= clip.out_min && pre[i] <= clip.out_max)) dy[i] = 0.0f;
+    in_c.assign(x, x + rows * n_in);
+    for (float& v : in_c) v = std::clamp(v, clip.in_min, clip.in_max);
+    in = in_c.data();
   }
-  // torch.clamp passes the gradient where min <= value <= max.
-  for (int64_t i = 0; i < rows * n_out; ++i)
-    if (!(pre[i] >= clip.out_min && pre[i] <= clip.out_max)) dy[i] = 0.0f;
-  std::vector<float> in(x, x + rows * n_in), d_in(static_cast<size_t>(rows * n_in));
-  for (float& v : in) v = std::clamp(v, clip.in_min, clip.in_max);
-  cpu::LinearBackward(in.data(), w.data(), dy, d_in.data(), dw.data(), rows, n_in, n_out, 1.0f,
-                      false);
-  for (int64_t i = 0; i < rows * n_in; ++i) {
-    const float g = (x[i] >= clip.in_min && x[i] <= clip.in_max) ? d_in[i] : 0.0f;
-    dx[i] = accumulate_dx ? dx[i] + g : g;
+  // d(clipped input): straight into dx without clipping, else masked into it below.
+  float* d = nullptr;
+  bool accumulate = false;
+  if (dx != nullptr && !clipped) {
+    d = dx;
+    accumulate = accumulate_dx;
+  } else if (dx != nullptr) {
+    d_in.resize(static_cast<size_t>(rows * n_in));
+    d = d_in.data();
   }
+  if (d != nullptr || !dw.empty())
+    cpu::LinearBackward(in, w.data(), dy, d, dw.empty() ? nullptr : dw.data(), rows, n_in, n_out,
+                        1.0f, accumulate);
+  if (size_t(slot) < w_.lora_a.size() && !w_.lora_a[size_t(slot)].empty()) {
+    // t = c(x) A^T, u = dy B: dB += s dy^T t, dA += s u^T c(x), d(c(x)) += s u A.
+    const int64_t r = lora_rank_;
+    const std::vector<float>&a = w_.lora_a[size_t(slot)], &b = w_.lora_b[size_t(slot)];
+    std::vector<float> t(static_cast<size_t>(rows * r)), u(static_cast<size_t>(rows * r));
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, rows, r, n_in, 1.0f, in, n_in,
+              a.data(), n_in, 0.0f, t.data(), r);
+    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, rows, r, n_out, 1.0f, dy, n_out,
+              b.data(), r, 0.0f, u.data(), r);
+    if (size_t(slot) < g.lora_b.size() && !g.lora_b[size_t(slot)].empty())
+      cpu::Gemm(Precision::kFp32, cpu::Trans::kYes, cpu::Trans::kNo, n_out, r, rows, lora_scaling_,
+                dy, n_out, t.data(), r, 1.0f, g.lora_b[size_t(slot)].data(), r);
+    if (size_t(slot) < g.lora_a.size() && !g.lora_a[size_t(slot)].empty())
+      cpu::Gemm(Precision::kFp32, cpu::Trans::kYes, cpu::Trans::kNo, r, n_in, rows, lora_scaling_,
+                u.data(), r, in, n_in, 1.0f, g.lora_a[size_t(slot)].data(), n_in);
+    if (d != nullptr)
+      cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, rows, n_in, r, lora_scaling_,
+                u.data(), r, a.data(), n_in, 1.0f, d, n_in);
+  }
+  if (dx != nullptr && clipped)
+    for (int64_t i = 0; i < rows * n_in; ++i) {
+      const float gi = (x[i] >= clip.in_min && x[i] <= clip.in_max) ? d_in[size_t(i)] : 0.0f;
+      dx[i] = accumulate_dx ? dx[i] + gi : gi;
+    }
 }
 
 void VisionTower::LayerForward(size_t l, const Rope& rope, int64_t n, std::vector<float>& h,
@@ -351,19 +493,21 @@ void VisionTower::LayerForward(size_t l, const Rope& rope, int64_t n, std::vecto
     v.resize(static_cast<size_t>(count));
     return v.data();
   };
-  const auto linear = [&](const float* x, int64_t n_in, const std::vector<float>& w, int64_t n_out,
-                          const Clip& clip, std::vector<float>& pre, std::vector<float>& out) {
+  const int base = 1 + 7 * static_cast<int>(l);  // the layer's first linear slot
+  const auto linear = [&](int j, const float* x, int64_t n_in, const std::vector<float>& w,
+                          int64_t n_out, const Clip& clip, std::vector<float>& pre,
+                          std::vector<float>& out) {
     float* o = sized(out, n * n_out);
     if (clipped)
-      Linear(x, n, n_in, w, n_out, clip, sized(pre, n * n_out), o);
+      Linear(base + j, x, n, n_in, w, n_out, clip, sized(pre, n * n_out), o);
     else
-      Linear(x, n, n_in, w, n_out, clip, o, o);
+      Linear(base + j, x, n, n_in, w, n_out, clip, o, o);
   };
   cpu::RmsNormForward(h.data(), L.input_norm.data(), sized(a.x1, n * H), sized(a.rstd1, n), n, H,
                       eps);
-  linear(a.x1.data(), H, L.q, heads * D, C.q, a.q_pre, a.qc);
-  linear(a.x1.data(), H, L.k, kv * D, C.k, a.k_pre, a.kc);
-  linear(a.x1.data(), H, L.v, kv * D, C.v, a.v_pre, a.vc);
+  linear(0, a.x1.data(), H, L.q, heads * D, C.q, a.q_pre, a.qc);
+  linear(1, a.x1.data(), H, L.k, kv * D, C.k, a.k_pre, a.kc);
+  linear(2, a.x1.data(), H, L.v, kv * D, C.v, a.v_pre, a.vc);
   cpu::RmsNormForward(a.qc.data(), L.q_norm.data(), sized(a.q, n * heads * D),
                       sized(a.rq, n * heads), n * heads, D, eps);
   cpu::RmsNormForward(a.kc.data(), L.k_norm.data(), sized(a.k, n * kv * D), sized(a.rk, n * kv),
@@ -396,26 +540,30 @@ void VisionTower::LayerForward(size_t l, const Rope& rope, int64_t n, std::vecto
     cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, n, D, n, 1.0f, scores, n,
               a.v.data() + g * D, kv * D, 0.0f, a.att.data() + hd * D, heads * D);
   }
-  linear(a.att.data(), heads * D, L.o, H, C.o, a.o_pre, a.oc);
+  linear(3, a.att.data(), heads * D, L.o, H, C.o, a.o_pre, a.oc);
   float* out = sized(a.tmp, n * H);
   cpu::RmsNormForward(a.oc.data(), L.post_attn_norm.data(), out, sized(a.rstd_pa, n), n, H, eps);
   for (int64_t i = 0; i < n * H; ++i) h[size_t(i)] += out[i];
   a.h2 = h;
   cpu::RmsNormForward(h.data(), L.pre_ff_norm.data(), sized(a.x2, n * H), sized(a.rstd2, n), n, H,
                       eps);
-  linear(a.x2.data(), H, L.gate, I, C.gate, a.g_pre, a.gc);
-  linear(a.x2.data(), H, L.up, I, C.up, a.u_pre, a.uc);
+  linear(4, a.x2.data(), H, L.gate, I, C.gate, a.g_pre, a.gc);
+  linear(5, a.x2.data(), H, L.up, I, C.up, a.u_pre, a.uc);
   cpu::GeluMulForward(a.gc.data(), a.uc.data(), sized(a.m, n * I), n * I);
-  linear(a.m.data(), I, L.down, H, C.down, a.d_pre, a.dc);
+  linear(6, a.m.data(), I, L.down, H, C.down, a.d_pre, a.dc);
   cpu::RmsNormForward(a.dc.data(), L.post_ff_norm.data(), out, sized(a.rstd_pff, n), n, H, eps);
   for (int64_t i = 0; i < n * H; ++i) h[size_t(i)] += out[i];
 }
 
 void VisionTower::LayerBackward(size_t l, const Rope& rope, int64_t n,
                                 const std::vector<float>& h_in, const Acts& a,
-                                std::vector<float>& dh, VisionLayerTensors& g) const {
+                                std::vector<float>& dh, VisionTensors& grads) const {
   const VisionLayerTensors& L = w_.layers[l];
+  VisionLayerTensors& g = grads.layers[l];
   const LayerClips& C = clips_[l];
+  const int base = 1 + 7 * static_cast<int>(l);  // the layer's first linear slot
+  // A norm's weight gradient, or null when the base is frozen.
+  const auto gw = [](std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const int64_t heads = cfg_.num_attention_heads, kv = cfg_.num_key_value_heads;
   const auto pre = [](const std::vector<float>& p, const std::vector<float>& out) {
@@ -426,22 +574,22 @@ void VisionTower::LayerBackward(size_t l, const Rope& rope, int64_t n,
       dg(static_cast<size_t>(n * I)), du(static_cast<size_t>(n * I)),
       dx(static_cast<size_t>(n * H));
   cpu::RmsNormBackward(a.dc.data(), L.post_ff_norm.data(), a.rstd_pff.data(), dh.data(),
-                       d_out.data(), g.post_ff_norm.data(), n, H, false);
-  LinearBackward(a.m.data(), pre(a.d_pre, a.dc), d_out.data(), n, I, L.down, H, C.down, g.down,
-                 dm.data(), false);
+                       d_out.data(), gw(g.post_ff_norm), n, H, false);
+  LinearBackward(base + 6, a.m.data(), pre(a.d_pre, a.dc), d_out.data(), n, I, L.down, H, C.down,
+                 g.down, grads, dm.data(), false);
   cpu::GeluMulBackward(a.gc.data(), a.uc.data(), dm.data(), dg.data(), du.data(), n * I);
-  LinearBackward(a.x2.data(), pre(a.g_pre, a.gc), dg.data(), n, H, L.gate, I, C.gate, g.gate,
-                 dx.data(), false);
-  LinearBackward(a.x2.data(), pre(a.u_pre, a.uc), du.data(), n, H, L.up, I, C.up, g.up, dx.data(),
-                 true);
+  LinearBackward(base + 4, a.x2.data(), pre(a.g_pre, a.gc), dg.data(), n, H, L.gate, I, C.gate,
+                 g.gate, grads, dx.data(), false);
+  LinearBackward(base + 5, a.x2.data(), pre(a.u_pre, a.uc), du.data(), n, H, L.up, I, C.up, g.up,
+                 grads, dx.data(), true);
   cpu::RmsNormBackward(a.h2.data(), L.pre_ff_norm.data(), a.rstd2.data(), dx.data(), dh.data(),
-                       g.pre_ff_norm.data(), n, H, true);
+                       gw(g.pre_ff_norm), n, H, true);
   // Attention branch: h2 = h_in + norm(o(attention(q, k, v))).
   std::vector<float> d_att(static_cast<size_t>(n * heads * D));
   cpu::RmsNormBackward(a.oc.data(), L.post_attn_norm.data(), a.rstd_pa.data(), dh.data(),
-                       d_out.data(), g.post_attn_norm.data(), n, H, false);
-  LinearBackward(a.att.data(), pre(a.o_pre, a.oc), d_out.data(), n, heads * D, L.o, H, C.o, g.o,
-                 d_att.data(), false);
+                       d_out.data(), gw(g.post_attn_norm), n, H, false);
+  LinearBackward(base + 3, a.att.data(), pre(a.o_pre, a.oc), d_out.data(), n, heads * D, L.o, H,
+                 C.o, g.o, grads, d_att.data(), false);
   // Per head, recomputing P: dV += P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K,
   // dK += dS^T Q.
   std::vector<float> dq(static_cast<size_t>(n * heads * D)), dk(size_t(n * kv * D), 0.0f),
@@ -485,19 +633,19 @@ void VisionTower::LayerBackward(size_t l, const Rope& rope, int64_t n,
   rope.Apply(dk.data(), n, kv, true);
   std::vector<float> dqc(dq.size()), dkc(dk.size()), dvc(dv.size());
   cpu::RmsNormBackward(a.qc.data(), L.q_norm.data(), a.rq.data(), dq.data(), dqc.data(),
-                       g.q_norm.data(), n * heads, D, false);
+                       gw(g.q_norm), n * heads, D, false);
   cpu::RmsNormBackward(a.kc.data(), L.k_norm.data(), a.rk.data(), dk.data(), dkc.data(),
-                       g.k_norm.data(), n * kv, D, false);
+                       gw(g.k_norm), n * kv, D, false);
   cpu::RmsNormBackward(a.vc.data(), nullptr, a.rv.data(), dv.data(), dvc.data(), nullptr, n * kv, D,
                        false);
-  LinearBackward(a.x1.data(), pre(a.q_pre, a.qc), dqc.data(), n, H, L.q, heads * D, C.q, g.q,
-                 dx.data(), false);
-  LinearBackward(a.x1.data(), pre(a.k_pre, a.kc), dkc.data(), n, H, L.k, kv * D, C.k, g.k,
-                 dx.data(), true);
-  LinearBackward(a.x1.data(), pre(a.v_pre, a.vc), dvc.data(), n, H, L.v, kv * D, C.v, g.v,
-                 dx.data(), true);
+  LinearBackward(base + 0, a.x1.data(), pre(a.q_pre, a.qc), dqc.data(), n, H, L.q, heads * D, C.q,
+                 g.q, grads, dx.data(), false);
+  LinearBackward(base + 1, a.x1.data(), pre(a.k_pre, a.kc), dkc.data(), n, H, L.k, kv * D, C.k, g.k,
+                 grads, dx.data(), true);
+  LinearBackward(base + 2, a.x1.data(), pre(a.v_pre, a.vc), dvc.data(), n, H, L.v, kv * D, C.v, g.v,
+                 grads, dx.data(), true);
   cpu::RmsNormBackward(h_in.data(), L.input_norm.data(), a.rstd1.data(), dx.data(), dh.data(),
-                       g.input_norm.data(), n, H, true);
+                       gw(g.input_norm), n, H, true);
 }
 
 StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
@@ -506,6 +654,7 @@ StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
                                                   VisionSaved* saved) const {
   const int64_t H = cfg_.hidden_size, P = 3 * int64_t(cfg_.patch_size) * cfg_.patch_size;
   const int k = cfg_.pooling_kernel_size;
+  const Clip kNoClip{-kInfinity, kInfinity, -kInfinity, kInfinity, false};
   if (max_patches % (k * k) != 0)
     return InvalidArgument(StrCat(max_patches, " patches per image do not pool by ", k, "x", k));
   if (trace) {
@@ -541,8 +690,7 @@ StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
     const std::vector<int32_t> p(pos, pos + 2 * n);
     std::vector<float> x(size_t(n) * P), h(size_t(n) * H);
     for (int64_t i = 0; i < n * P; ++i) x[i] = 2.0f * (px[i] - 0.5f);
-    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, H, P, 1.0f, x.data(), P,
-              w_.input_proj.data(), P, 0.0f, h.data(), H);
+    Linear(0, x.data(), n, P, w_.input_proj, H, kNoClip, h.data(), h.data());
     for (int64_t i = 0; i < n; ++i) {
       const float* ex = w_.position_table.data() + int64_t(p[2 * i]) * H;
       const float* ey =
@@ -586,9 +734,8 @@ StatusOr<std::vector<float>> VisionTower::Forward(const float* pixel_values,
     RmsNormRows(pooled.data(), tokens, H, nullptr, cfg_.rms_norm_eps, rstd);
     const size_t at = soft.size();
     soft.resize(at + size_t(tokens) * cfg_.text_hidden_size);
-    cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, tokens, cfg_.text_hidden_size, H,
-              1.0f, pooled.data(), H, w_.projection.data(), H, 0.0f, soft.data() + at,
-              cfg_.text_hidden_size);
+    Linear(ProjectionSlot(), pooled.data(), tokens, H, w_.projection, cfg_.text_hidden_size,
+           kNoClip, soft.data() + at, soft.data() + at);
   }
   return soft;
 }
@@ -597,9 +744,10 @@ Status VisionTower::Backward(const VisionSaved& saved, const float* d_soft,
                              VisionTensors* grads) const {
   const int64_t H = cfg_.hidden_size, P = 3 * int64_t(cfg_.patch_size) * cfg_.patch_size;
   const int64_t W = cfg_.text_hidden_size, k = cfg_.pooling_kernel_size;
+  const Clip kNoClip{-kInfinity, kInfinity, -kInfinity, kInfinity, false};
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  if (grads->layers.size() != w_.layers.size() || grads->projection.size() != w_.projection.size())
-    return InvalidArgument("the tower's gradients are not shaped as its weights");
+  if (grads->layers.size() != w_.layers.size() || grads->lora_a.size() != w_.lora_a.size())
+    return InvalidArgument("the tower's gradients are not shaped as its weights (ZerosLike)");
   Acts acts;
   int64_t at = 0;  // the image's first soft token
   for (const VisionSaved::Image& im : saved.images) {
@@ -612,8 +760,9 @@ Status VisionTower::Backward(const VisionSaved& saved, const float* d_soft,
     std::vector<float> normed(static_cast<size_t>(tokens * H)), rstd(static_cast<size_t>(tokens)),
         dnormed(static_cast<size_t>(tokens * H)), dpooled(static_cast<size_t>(tokens * H));
     cpu::RmsNormForward(im.pooled.data(), nullptr, normed.data(), rstd.data(), tokens, H, eps);
-    cpu::LinearBackward(normed.data(), w_.projection.data(), ds, dnormed.data(),
-                        grads->projection.data(), tokens, H, W, 1.0f, false);
+    std::vector<float> dy(ds, ds + tokens * W);
+    LinearBackward(ProjectionSlot(), normed.data(), nullptr, dy.data(), tokens, H, w_.projection, W,
+                   kNoClip, grads->projection, *grads, dnormed.data(), false);
     cpu::RmsNormBackward(im.pooled.data(), nullptr, rstd.data(), dnormed.data(), dpooled.data(),
                          nullptr, tokens, H, false);
     // Standardization and the sqrt(hidden) scale, then the mean over each block.
@@ -634,12 +783,12 @@ Status VisionTower::Backward(const VisionSaved& saved, const float* d_soft,
     for (size_t l = w_.layers.size(); l-- > 0;) {
       h = im.layer_in[l];
       LayerForward(l, rope, n, h, acts);
-      LayerBackward(l, rope, n, im.layer_in[l], acts, dh, grads->layers[l]);
+      LayerBackward(l, rope, n, im.layer_in[l], acts, dh, *grads);
     }
     // Patch embedding: h = x Wi^T + table[x position] + table[size + y position].
-    cpu::LinearBackward(im.input.data(), w_.input_proj.data(), dh.data(), nullptr,
-                        grads->input_proj.data(), n, P, H, 1.0f, false);
-    for (int64_t i = 0; i < n; ++i) {
+    LinearBackward(0, im.input.data(), nullptr, dh.data(), n, P, w_.input_proj, H, kNoClip,
+                   grads->input_proj, *grads, nullptr, false);
+    for (int64_t i = 0; i < n && !grads->position_table.empty(); ++i) {
       float* gx = grads->position_table.data() + int64_t(im.positions[size_t(2 * i)]) * H;
       float* gy = grads->position_table.data() +
                   (int64_t(cfg_.position_embedding_size) + im.positions[size_t(2 * i + 1)]) * H;

@@ -17,7 +17,10 @@
 // Padding patches never reach a real patch (they are masked keys, and pooling drops them), so
 // only an image's real patches are computed, forward and backward.
 //
-// Not the optimizer, LoRA on the tower or its sharding (docs/vision.md, "Not done yet").
+// LoRA adapters on the tower's linears sit where PEFT puts them: on each Gemma4ClippableLinear's
+// inner `.linear` (between its clamps), on the patch embedder's input_proj and on the projection
+// (model.embed_vision.embedding_projection); y = x W^T + s (x A^T) B^T. Not the optimizer, the
+// adapter files or the tower's sharding (docs/vision.md, "Not done yet").
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/lora.h"
 
 namespace st::vision {
 
@@ -73,12 +77,16 @@ struct VisionTensors {
   std::vector<float> position_table;  // [2, position_embedding_size, hidden]
   std::vector<VisionLayerTensors> layers;
   std::vector<float> projection;  // [text hidden, hidden] (model.embed_vision)
-  // Every tensor with its checkpoint name and shape, in a fixed order.
+  // LoRA per linear (VisionTower::LinearModules' order): A [rank, in], B [out, rank]; empty = none.
+  std::vector<std::vector<float>> lora_a, lora_b;
+  // Every base tensor with its checkpoint name and shape, in a fixed order, then each adapter
+  // ("<module>.lora_A.weight", "<module>.lora_B.weight"), a module's A before its B.
   void ForEach(const VisionConfig& c,
                const std::function<void(const std::string& name, const std::vector<int64_t>& shape,
                                         std::vector<float>& t)>& fn);
-  // The same tensors, every one zero (gradients to accumulate into).
-  static VisionTensors Zeros(const VisionConfig& c);
+  // The same tensors, every one zero (gradients to accumulate into); `base` false leaves the
+  // base tensors empty (frozen: Backward computes no gradient for them).
+  VisionTensors ZerosLike(bool base = true) const;
 };
 
 // What Backward needs of a Forward: per image its real patches' positions and inputs, each
@@ -120,10 +128,25 @@ class VisionTower {
   Status Backward(const VisionSaved& saved, const float* d_soft, VisionTensors* grads) const;
 
   const VisionTensors& weights() const { return w_; }
+  VisionTensors& mutable_weights() { return w_; }
+
+  // The modules LoRA can adapt, in slot order: the patch embedder's input_proj, per layer the
+  // seven `.linear`s (q, k, v, o, gate, up, down), the projection. Names as in the checkpoint
+  // without ".weight".
+  static std::vector<std::string> LinearModules(const VisionConfig& c);
+  // Adds adapters of `rank` with scaling s to every module `targets` selects (PEFT's rules: a
+  // name matches the end of a module's name at a dot, "all-linear" every one, a regex the whole
+  // name): A drawn as PEFT's kaiming_uniform_(a = sqrt(5)) from `seed`, B zero. Returns the
+  // selected modules; InvalidArgument when nothing matches (a name of the wrapper such as
+  // "q_proj" selects nothing here: its Linear is "q_proj.linear").
+  StatusOr<std::vector<std::string>> EnableLora(const LoraTargets& targets, int64_t rank,
+                                                double scaling, uint64_t seed);
+  int64_t lora_rank() const { return lora_rank_; }
 
  private:
   struct Clip {
     float in_min, in_max, out_min, out_max;
+    bool active = false;  // use_clipped_linears (the patch embedder and projection never clip)
   };
   struct LayerClips {
     Clip q, k, v, o, gate, up, down;
@@ -131,26 +154,31 @@ class VisionTower {
   struct Acts;  // one encoder layer's forward values (vision_tower.cpp)
   struct Rope;  // an image's axial RoPE tables
   VisionTower() = default;
-  // pre [rows, n_out] = clip_in(x [rows, n_in]) W^T, out = clip_out(pre) (pre may be out).
-  void Linear(const float* x, int64_t rows, int64_t n_in, const std::vector<float>& w,
+  int ProjectionSlot() const { return 7 * cfg_.num_hidden_layers + 1; }
+  // Linear `slot` (LinearModules' order) with its weight w: pre [rows, n_out] = c(x) W^T
+  // [+ s (c(x) A^T) B^T], c = clip_in; out = clip_out(pre) (pre may be out).
+  void Linear(int slot, const float* x, int64_t rows, int64_t n_in, const std::vector<float>& w,
               int64_t n_out, const Clip& clip, float* pre, float* out) const;
-  // dx (= or +=) and dw (+=) from dy (masked in place by the output clip), given the forward's x
-  // and pre.
-  void LinearBackward(const float* x, const float* pre, float* dy, int64_t rows, int64_t n_in,
-                      const std::vector<float>& w, int64_t n_out, const Clip& clip,
-                      std::vector<float>& dw, float* dx, bool accumulate_dx) const;
+  // dx (= or +=; null: not needed) and the slot's gradients in g (+=; empty tensors skipped) from
+  // dy (masked in place by the output clip), given the forward's x and pre.
+  void LinearBackward(int slot, const float* x, const float* pre, float* dy, int64_t rows,
+                      int64_t n_in, const std::vector<float>& w, int64_t n_out, const Clip& clip,
+                      std::vector<float>& dw, VisionTensors& g, float* dx,
+                      bool accumulate_dx) const;
   // One encoder layer on h [n, hidden] in place, its values into a.
   void LayerForward(size_t l, const Rope& rope, int64_t n, std::vector<float>& h, Acts& a) const;
   // dh [n, hidden]: d(layer output) in, d(layer input) out; the layer's gradients added into g.
   // h_in is the layer's input, a its LayerForward values.
   void LayerBackward(size_t l, const Rope& rope, int64_t n, const std::vector<float>& h_in,
-                     const Acts& a, std::vector<float>& dh, VisionLayerTensors& g) const;
+                     const Acts& a, std::vector<float>& dh, VisionTensors& g) const;
 
   VisionConfig cfg_;
   VisionTensors w_;
   std::vector<LayerClips> clips_;
   std::vector<float> std_bias_, std_scale_;
   std::vector<float> inv_freq_;  // head_dim / 4 frequencies of the axial RoPE
+  int64_t lora_rank_ = 0;
+  float lora_scaling_ = 0;
 };
 
 }  // namespace st::vision
