@@ -31,6 +31,43 @@ double Rel(const float* a, const float* b, int64_t n) {
   return test::RelError(a, b, n);
 }
 
+// golden.safetensors' two processed images (280 patches of 48 values each, padding included).
+struct GoldenImages {
+  static constexpr int kImages = 2, kMaxPatches = 280, kPatchDim = 48;
+  std::vector<float> pixels = std::vector<float>(size_t(kImages) * kMaxPatches * kPatchDim);
+  std::vector<int32_t> pos = std::vector<int32_t>(size_t(kImages) * kMaxPatches * 2);
+  explicit GoldenImages(const SafeTensorsFile& g) {
+    EXPECT_TRUE(g.ReadF32("pixel_values", pixels.data(), {kImages, kMaxPatches, kPatchDim}).ok());
+    EXPECT_TRUE(g.ReadI32("image_position_ids", pos.data(), {kImages, kMaxPatches, 2}).ok());
+  }
+  StatusOr<std::vector<float>> Forward(const vision::VisionTower& tower,
+                                       vision::VisionTrace* trace = nullptr,
+                                       vision::VisionSaved* saved = nullptr) const {
+    return tower.Forward(pixels.data(), pos.data(), kImages, kMaxPatches, trace, saved);
+  }
+};
+
+// Every non-empty tensor of `grads` against the golden file's "grad.<name>" within 1e-4 of its
+// largest value; returns how many were compared.
+int ExpectGradients(vision::VisionTensors& grads, const vision::VisionConfig& c,
+                    const SafeTensorsFile& golden, const char* what) {
+  int checked = 0;
+  double worst = 0;
+  grads.ForEach(c, [&](const std::string& name, const std::vector<int64_t>& shape,
+                       std::vector<float>& got) {
+    if (got.empty()) return;
+    std::vector<float> want(got.size());
+    ASSERT_TRUE(golden.ReadF32("grad." + name, want.data(), Shape(shape.begin(), shape.end())).ok())
+        << name;
+    const double err = Rel(got.data(), want.data(), static_cast<int64_t>(got.size()));
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 1e-4) << name;
+    ++checked;
+  });
+  std::printf("%d %s gradients, worst relative error %.2e\n", checked, what, worst);
+  return checked;
+}
+
 TEST(VisionTower, EqualsTransformersLayerByLayer) {
   auto tower = vision::VisionTower::Load(kModel);
   ASSERT_TRUE(tower.ok()) << tower.status().ToString();
@@ -41,13 +78,9 @@ TEST(VisionTower, EqualsTransformersLayerByLayer) {
   EXPECT_EQ(c.text_hidden_size, 48);
   auto g = SafeTensorsFile::Open(kModel + "/golden.safetensors");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  const int images = 2, max_patches = 280, P = 48, H = 16;
-  std::vector<float> pixels(size_t(images) * max_patches * P);
-  std::vector<int32_t> pos(size_t(images) * max_patches * 2);
-  ASSERT_TRUE(g->ReadF32("pixel_values", pixels.data(), {images, max_patches, P}).ok());
-  ASSERT_TRUE(g->ReadI32("image_position_ids", pos.data(), {images, max_patches, 2}).ok());
+  const int images = 2, max_patches = 280, H = 16;
   vision::VisionTrace trace;
-  auto soft = (*tower)->Forward(pixels.data(), pos.data(), images, max_patches, &trace);
+  auto soft = GoldenImages(*g).Forward(**tower, &trace);
   ASSERT_TRUE(soft.ok()) << soft.status().ToString();
 
   // Per image, the real patches of each intermediate value (transformers also computes the
@@ -95,13 +128,8 @@ TEST(VisionTower, GradientsEqualTransformers) {
   auto g = SafeTensorsFile::Open(kModel + "/golden.safetensors");
   auto gt = SafeTensorsFile::Open(kModel + "/golden_text.safetensors");
   ASSERT_TRUE(g.ok() && gt.ok());
-  const int images = 2, max_patches = 280, P = 48;
-  std::vector<float> pixels(size_t(images) * max_patches * P);
-  std::vector<int32_t> pos(size_t(images) * max_patches * 2);
-  ASSERT_TRUE(g->ReadF32("pixel_values", pixels.data(), {images, max_patches, P}).ok());
-  ASSERT_TRUE(g->ReadI32("image_position_ids", pos.data(), {images, max_patches, 2}).ok());
   vision::VisionSaved saved;
-  auto soft = (*tower)->Forward(pixels.data(), pos.data(), images, max_patches, nullptr, &saved);
+  auto soft = GoldenImages(*g).Forward(**tower, nullptr, &saved);
   ASSERT_TRUE(soft.ok()) << soft.status().ToString();
   const int64_t tokens = 63 + 70;
   ASSERT_EQ(static_cast<int64_t>(soft->size()), tokens * c.text_hidden_size);
@@ -110,20 +138,7 @@ TEST(VisionTower, GradientsEqualTransformers) {
 
   vision::VisionTensors grads = (*tower)->weights().ZerosLike();
   ASSERT_TRUE((*tower)->Backward(saved, d_soft.data(), &grads).ok());
-  int checked = 0;
-  double worst = 0;
-  grads.ForEach(c, [&](const std::string& name, const std::vector<int64_t>& shape,
-                       std::vector<float>& got) {
-    std::vector<float> want(got.size());
-    ASSERT_TRUE(gt->ReadF32("grad." + name, want.data(), Shape(shape.begin(), shape.end())).ok())
-        << name;
-    const double err = Rel(got.data(), want.data(), static_cast<int64_t>(got.size()));
-    worst = std::max(worst, err);
-    EXPECT_LT(err, 1e-4) << name;
-    ++checked;
-  });
-  std::printf("%d tower gradients, worst relative error %.2e\n", checked, worst);
-  EXPECT_EQ(checked, 2 + 13 * c.num_hidden_layers + 1);
+  EXPECT_EQ(ExpectGradients(grads, c, *gt, "tower"), 2 + 13 * c.num_hidden_layers + 1);
 
   // Backward adds: a second pass doubles every gradient.
   vision::VisionTensors twice = grads;
@@ -165,13 +180,8 @@ TEST(VisionTower, LoraEqualsPeft) {
       });
   EXPECT_EQ(adapters, 12);
 
-  const int images = 2, max_patches = 280, P = 48;
-  std::vector<float> pixels(size_t(images) * max_patches * P);
-  std::vector<int32_t> pos(size_t(images) * max_patches * 2);
-  ASSERT_TRUE(g->ReadF32("pixel_values", pixels.data(), {images, max_patches, P}).ok());
-  ASSERT_TRUE(g->ReadI32("image_position_ids", pos.data(), {images, max_patches, 2}).ok());
   vision::VisionSaved saved;
-  auto soft = tower.Forward(pixels.data(), pos.data(), images, max_patches, nullptr, &saved);
+  auto soft = GoldenImages(*g).Forward(tower, nullptr, &saved);
   ASSERT_TRUE(soft.ok()) << soft.status().ToString();
   const int64_t tokens = 63 + 70, W = c.text_hidden_size;
   std::vector<float> want(size_t(tokens * W)), d_soft(size_t(tokens * W));
@@ -184,21 +194,7 @@ TEST(VisionTower, LoraEqualsPeft) {
   vision::VisionTensors grads = tower.weights().ZerosLike(/*base=*/false);
   ASSERT_TRUE(tower.Backward(saved, d_soft.data(), &grads).ok());
   EXPECT_TRUE(grads.projection.empty() && grads.layers[0].q.empty());
-  int checked = 0;
-  double worst = 0;
-  grads.ForEach(c, [&](const std::string& name, const std::vector<int64_t>& shape,
-                       std::vector<float>& got) {
-    if (got.empty()) return;
-    std::vector<float> expect(got.size());
-    ASSERT_TRUE(gl->ReadF32("grad." + name, expect.data(), Shape(shape.begin(), shape.end())).ok())
-        << name;
-    const double err = Rel(got.data(), expect.data(), static_cast<int64_t>(got.size()));
-    worst = std::max(worst, err);
-    EXPECT_LT(err, 1e-4) << name;
-    ++checked;
-  });
-  std::printf("%d adapter gradients, worst relative error %.2e\n", checked, worst);
-  EXPECT_EQ(checked, 12);
+  EXPECT_EQ(ExpectGradients(grads, c, *gl, "adapter"), 12);
 }
 
 TEST(VisionTower, RefusalsAreOneLine) {
@@ -334,11 +330,7 @@ TEST_P(VisionText, SoftTokensInTheSequenceEqualTransformers) {
   ASSERT_TRUE(tower.ok()) << tower.status().ToString();
   auto gv = SafeTensorsFile::Open(kModel + "/golden.safetensors");
   ASSERT_TRUE(gv.ok());
-  std::vector<float> pixels(size_t(2) * 280 * 48);
-  std::vector<int32_t> pos(size_t(2) * 280 * 2);
-  ASSERT_TRUE(gv->ReadF32("pixel_values", pixels.data(), {2, 280, 48}).ok());
-  ASSERT_TRUE(gv->ReadI32("image_position_ids", pos.data(), {2, 280, 2}).ok());
-  auto ours = (*tower)->Forward(pixels.data(), pos.data(), 2, 280);
+  auto ours = GoldenImages(*gv).Forward(**tower);
   ASSERT_TRUE(ours.ok()) << ours.status().ToString();
   ASSERT_EQ(static_cast<int64_t>(ours->size()), S * d);
   batch.soft_tokens = ours->data();

@@ -77,6 +77,18 @@ StatusOr<int> Int(const nlohmann::json& j, const char* key, int fallback) {
   return j[key].get<int>();
 }
 
+// row[0..n) = softmax(row), in fp32.
+void SoftmaxRow(float* row, int64_t n) {
+  const float mx = *std::max_element(row, row + n);
+  float total = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    row[j] = std::exp(row[j] - mx);
+    total += row[j];
+  }
+  const float inv = 1.0f / total;
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+}
+
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 // (in, out) of linear `slot` (VisionTower::LinearModules' order).
@@ -526,17 +538,7 @@ void VisionTower::LayerForward(size_t l, const Rope& rope, int64_t n, std::vecto
     cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kYes, n, n, D, 1.0f,
               a.q.data() + hd * D, heads * D, a.k.data() + g * D, kv * D, 0.0f, scores, n);
 #pragma omp parallel for schedule(static) if (n * n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) {
-      float* row = scores + i * n;
-      const float mx = *std::max_element(row, row + n);
-      float total = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        total += row[j];
-      }
-      const float inv = 1.0f / total;
-      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-    }
+    for (int64_t i = 0; i < n; ++i) SoftmaxRow(scores + i * n, n);
     cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, n, D, n, 1.0f, scores, n,
               a.v.data() + g * D, kv * D, 0.0f, a.att.data() + hd * D, heads * D);
   }
@@ -609,14 +611,7 @@ void VisionTower::LayerBackward(size_t l, const Rope& rope, int64_t n,
 #pragma omp parallel for schedule(static) if (n * n > (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
       float* row = p.data() + i * n;
-      const float mx = *std::max_element(row, row + n);
-      float total = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        total += row[j];
-      }
-      const float inv = 1.0f / total;
-      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      SoftmaxRow(row, n);
       float dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += doh[i * heads * D + d] * oh[i * heads * D + d];
       float* drow = dp.data() + i * n;
