@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "io/hf_model.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "model/decode.h"
 #include "model/gemma4.h"
@@ -195,6 +197,33 @@ TEST(VisionTower, LoraEqualsPeft) {
   ASSERT_TRUE(tower.Backward(saved, d_soft.data(), &grads).ok());
   EXPECT_TRUE(grads.projection.empty() && grads.layers[0].q.empty());
   EXPECT_EQ(ExpectGradients(grads, c, *gl, "adapter"), 12);
+}
+
+// adapter_config.json's target_modules for a run whose adapters reach the tower: the regex selects
+// exactly the adapted tower modules (by the same rule PEFT applies: a whole-name match), never the
+// Gemma4ClippableLinear wrappers PEFT refuses, and still the text model's.
+TEST(VisionTower, PeftTargetsSelectTheAdaptedTowerModules) {
+  auto c = vision::ReadVisionConfig(kModel);
+  ASSERT_TRUE(c.ok());
+  const std::vector<std::string> modules = vision::VisionTower::LinearModules(*c);
+  ASSERT_EQ(modules.size(), 16u);
+  for (const auto& [flag, want] : {std::pair<std::string, size_t>{"all-linear", 16},
+                                   std::pair<std::string, size_t>{"q_proj,down_proj.linear", 2}}) {
+    const LoraTargets t = ParseLoraTargets(flag);
+    auto slots = vision::VisionTower::SelectLoraSlots(*c, t);
+    ASSERT_TRUE(slots.ok());
+    ASSERT_EQ(slots->size(), want) << flag;
+    std::vector<std::string> chosen;
+    for (int s : *slots) chosen.push_back(modules[size_t(s)]);
+    const LoraTargets written = PeftTargetsFor(t, "model.language_model.", chosen);
+    ASSERT_FALSE(written.regex.empty()) << flag;
+    auto again = vision::VisionTower::SelectLoraSlots(*c, written);
+    ASSERT_TRUE(again.ok()) << written.regex;
+    EXPECT_EQ(*again, *slots) << flag << ": " << written.regex;
+    const std::regex re(written.regex);
+    EXPECT_FALSE(std::regex_match("model.vision_tower.encoder.layers.0.self_attn.q_proj", re));
+    EXPECT_TRUE(std::regex_match("model.language_model.layers.0.self_attn.q_proj", re)) << flag;
+  }
 }
 
 TEST(VisionTower, RefusalsAreOneLine) {

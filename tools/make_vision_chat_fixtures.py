@@ -12,7 +12,10 @@ computes on it, for tests/test_vision_data.cpp and `slicetrain evaluate`:
                Parquet structs of the encoded bytes and the path)
   data/train.jsonl    the same records with `images` as paths relative to the file
   golden.json  per record the tokens, the soft tokens per image and the summed loss; the set's loss;
-               12 greedy tokens after an image and a question (generate)
+               12 greedy tokens after an image and a question (generate); the set's loss through
+               peft_adapter/
+  peft_adapter/  a LoRA adapter PEFT made and saved (all-linear, so the vision tower's linears and the
+               projection too; r 4, alpha 8, every A and B drawn at random)
 
 Each record goes through transformers as Gemma4Processor takes it, step by step: Google's Gemma 4
 chat template (TRL's copy, gemma4_v5.jinja) renders the conversation with `<|image|>` per image part;
@@ -85,6 +88,38 @@ def make_tokenizer(out_dir):
     return PreTrainedTokenizerFast.from_pretrained(out_dir)
 
 
+def set_loss(model, tok, template, proc, ids, records_in=None):
+    """Each record (RECORDS' (messages, image names under IMAGES or absolute paths)) through the
+    template, the processor's expansion and the model: per record the tokens, soft tokens per
+    image, summed loss and targets; the set's summed loss and targets."""
+    records, total, count = [], 0.0, 0
+    for messages, names in (RECORDS if records_in is None else records_in):
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+        pixels = positions = None
+        counts = []
+        if names:
+            batch = proc(images=[Image.open(os.path.join(IMAGES, n)) for n in names], return_tensors="pt")
+            pixels, positions = batch["pixel_values"].float(), batch["image_position_ids"]
+            counts = [int(n) for n in batch["num_soft_tokens_per_image"]]
+            pieces = text.split(IMAGE)
+            assert len(pieces) == len(names) + 1, text
+            text = pieces[0] + "".join(BOI + IMAGE * n + EOI + p for n, p in zip(counts, pieces[1:]))
+        input_ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+        labels = input_ids.clone()
+        labels[input_ids == ids[IMAGE]] = -100
+        with torch.no_grad():
+            out = model(input_ids=input_ids, pixel_values=pixels, image_position_ids=positions, use_cache=False)
+        logits = out.logits[0, :-1].double()
+        target = labels[0, 1:]
+        keep = target != -100
+        loss = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum")
+        records.append({"input_ids": input_ids[0].tolist(), "soft_tokens": counts,
+                        "loss_sum": float(loss), "targets": int(keep.sum())})
+        total += float(loss)
+        count += int(keep.sum())
+    return records, total, count
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -107,33 +142,28 @@ def main():
     golden = {"records": [], "template": "trl/chat_templates/gemma4_v5.jinja",
               "generator": f"tools/make_vision_chat_fixtures.py transformers={transformers.__version__} "
                            f"torch={torch.__version__}"}
-    total, count = 0.0, 0
-    for messages, names in RECORDS:
-        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
-        pixels = positions = None
-        counts = []
-        if names:
-            batch = proc(images=[Image.open(os.path.join(IMAGES, n)) for n in names], return_tensors="pt")
-            pixels, positions = batch["pixel_values"].float(), batch["image_position_ids"]
-            counts = [int(n) for n in batch["num_soft_tokens_per_image"]]
-            pieces = text.split(IMAGE)
-            assert len(pieces) == len(names) + 1, text
-            text = pieces[0] + "".join(BOI + IMAGE * n + EOI + p for n, p in zip(counts, pieces[1:]))
-        input_ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
-        labels = input_ids.clone()
-        labels[input_ids == ids[IMAGE]] = -100
-        with torch.no_grad():
-            out = model(input_ids=input_ids, pixel_values=pixels, image_position_ids=positions, use_cache=False)
-        logits = out.logits[0, :-1].double()
-        target = labels[0, 1:]
-        keep = target != -100
-        loss = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum")
-        golden["records"].append({"input_ids": input_ids[0].tolist(), "soft_tokens": counts,
-                                  "loss_sum": float(loss), "targets": int(keep.sum())})
-        total += float(loss)
-        count += int(keep.sum())
+    records, total, count = set_loss(model, tok, template, proc, ids)
+    golden["records"] = records
     golden["loss"] = total / count
     golden["targets"] = count
+
+    # A PEFT adapter on every linear (all-linear: the text model's, the vision tower's inner
+    # `.linear`s, its input_proj and the projection), saved by PEFT, and the set's loss through it.
+    from peft import LoraConfig, get_peft_model
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0))
+    g = torch.Generator().manual_seed(782)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_((0.3 if "lora_B" in name else 1.0) * 0.2 * torch.randn(p.shape, generator=g))
+    peft.save_pretrained(os.path.join(OUT, "peft_adapter"))
+    os.remove(os.path.join(OUT, "peft_adapter", "README.md"))  # PEFT's model card template
+    peft.eval()
+    _, peft_total, peft_count = set_loss(peft, tok, template, proc, ids)
+    tower = sum(1 for n, _ in peft.named_parameters() if "lora_A" in n and "vision" in n)
+    golden["peft_adapter"] = {"loss": peft_total / peft_count, "targets": peft_count,
+                              "tower_modules": tower, "r": 4, "lora_alpha": 8}
+    model = peft.unload()
 
     # Greedy generation after an image and a question (the generation prompt of the template).
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]}]

@@ -121,13 +121,15 @@ Status Run(const EvaluateArgs& a) {
   const int64_t row_len = pairs ? 2 * a.max_seq_len : a.max_seq_len;
   ST_RETURN_IF_ERROR(CheckActivationMemory(m.config, a.batch_size, row_len, forward_only));
   // A model with a vision tower reads image parts: the processor counts each image's soft
-  // tokens for the template, and each batch's images run through the (frozen) tower.
+  // tokens for the template, and each batch's images run through the tower (with the adapter's
+  // tower adapters, if it has any).
   std::unique_ptr<vision::ImageEncoder> encoder;
   if (std::filesystem::is_directory(model_id, ec)) {
     auto loaded = vision::ImageEncoder::Load(model_id);
-    if (loaded.ok())
+    if (loaded.ok()) {
       encoder = std::move(*loaded);
-    else if (loaded.status().code() != StatusCode::kNotFound)
+      if (!a.adapter.empty()) encoder->UseAdapter(a.adapter);
+    } else if (loaded.status().code() != StatusCode::kNotFound)
       return loaded.status();
   }
   TextOptions text;

@@ -12,11 +12,28 @@
 #include "io/hf_model.h"
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
+#include "model/vision/vision_tower.h"
 #include "train/step_metrics.h"
 
 namespace st::cli {
 
 namespace {
+
+// An adapter that also trained the vision tower (LoRA on its linears): the exports write the text
+// model only, so say that those adapters stay behind.
+void NoteTowerAdapters(const std::string& model_id, const std::string& adapter) {
+  if (adapter.empty()) return;
+  StatusOr<vision::VisionConfig> c = vision::ReadVisionConfig(model_id);
+  StatusOr<PeftAdapterConfig> a = ReadPeftAdapterConfig(adapter);
+  if (!c.ok() || !a.ok()) return;
+  StatusOr<std::vector<int>> slots = vision::VisionTower::SelectLoraSlots(*c, a->targets);
+  if (!slots.ok() || slots->empty()) return;
+  std::fprintf(stderr,
+               "Note: the adapter's LoRA on %zu vision tower linears is not in this export: it "
+               "writes the text model (Gemma4ForCausalLM) without the towers; use the adapter "
+               "with its base for images (evaluate, generate, chat --adapter)\n",
+               slots->size());
+}
 
 namespace fs = std::filesystem;
 
@@ -75,6 +92,7 @@ Status RunGguf(const ExportArgs& a) {
   }
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
+  NoteTowerAdapters(model_id, a.adapter);
   GgufExportOptions o;
   o.output = a.output;
   o.weight_type = quant.type;
@@ -165,6 +183,7 @@ Status Run(const ExportArgs& a) {
         StrCat("--output ", a.output, " exists and is not empty; name a new directory"));
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
+  NoteTowerAdapters(model_id, a.adapter);
   DType dtype = m.weights->dtype();
   if (!a.save_dtype.empty()) {
     ST_ASSIGN_OR_RETURN(dtype, ParseDTypeFlag(a.save_dtype));

@@ -24,6 +24,7 @@
 #include "launch/worker.h"
 #include "model/gemma4.h"
 #include "model/params.h"
+#include "model/vision/vision_tower.h"
 #include "observe/dashboard.h"
 #include "observe/plot.h"
 #include "observe/recorder.h"
@@ -419,7 +420,8 @@ Status Run(FinetuneArgs& a, int* exit_code) {
     if (cfg.ok()) {
       ParamRegistry registry = BuildParamRegistry(*cfg);
       if (const std::optional<PeftAdapterConfig> adapter = AdapterConfigOf(a.o)) {
-        ST_ASSIGN_OR_RETURN(const LoraSpec spec, LoraSpecFor(*cfg, registry, *adapter));
+        ST_ASSIGN_OR_RETURN(const LoraSpec spec, LoraSpecFor(*cfg, registry, *adapter,
+                                                             vision::LoraModulesOf(a.o.model_id)));
         AddLoraAdapters(&registry, spec);
       }
       ST_ASSIGN_OR_RETURN(const Trainable trainable, TrainableTensors(registry, a.o.freeze));

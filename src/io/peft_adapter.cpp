@@ -10,6 +10,7 @@
 #include "io/files.h"
 #include "io/hf_model.h"
 #include "io/safetensors.h"
+#include "model/vision/vision_tower.h"
 
 namespace st {
 
@@ -36,9 +37,11 @@ Status RefuseIfSet(const json& j, const std::string& path, const char* field, co
 // Reads the tensors of adapter_model.safetensors for the adapter entries of a registry.
 class PeftAdapterWeights : public WeightSource {
  public:
-  static StatusOr<std::unique_ptr<PeftAdapterWeights>> Open(const std::string& dir,
-                                                            const ParamRegistry& reg,
-                                                            const std::string& text_prefix) {
+  // The file's adapters of `tower_modules` (a vision tower's) are left to the tower
+  // (vision::VisionTower::LoadLora).
+  static StatusOr<std::unique_ptr<PeftAdapterWeights>> Open(
+      const std::string& dir, const ParamRegistry& reg, const std::string& text_prefix,
+      const std::vector<std::string>& tower_modules) {
     const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
     ST_ASSIGN_OR_RETURN(SafeTensorsFile file, SafeTensorsFile::Open(path));
     std::unique_ptr<PeftAdapterWeights> w(new PeftAdapterWeights(reg));
@@ -61,6 +64,9 @@ class PeftAdapterWeights : public WeightSource {
       w->where_[static_cast<size_t>(i)] = t;
       used.insert(name);
     }
+    for (const std::string& m : tower_modules)
+      for (const char* ab : {".lora_A.weight", ".lora_B.weight"})
+        used.insert("base_model.model." + m + ab);
     for (const SafeTensorInfo& t : w->file_->tensors())
       if (!used.count(t.name))
         return DataLoss(StrCat(path, ": tensor ", t.name,
@@ -203,24 +209,59 @@ std::string PeftAdapterConfigJson(const PeftAdapterConfig& c) {
   return j.dump(2) + "\n";
 }
 
-LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix) {
-  if (!t.regex.empty() || text_prefix == "model.") return t;
-  std::vector<std::string> names = t.names;
-  if (names.size() == 1 && names[0] == "all-linear")
-    names = {"q_proj",
-             "k_proj",
-             "v_proj",
-             "o_proj",
-             "gate_proj",
-             "up_proj",
-             "down_proj",
-             "per_layer_input_gate",
-             "per_layer_projection",
-             "per_layer_model_projection"};
+LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix,
+                           const std::vector<std::string>& tower_modules) {
+  if (!t.regex.empty() || (text_prefix == "model." && tower_modules.empty())) return t;
+  const bool all = t.names.size() == 1 && t.names[0] == "all-linear";
+  const std::vector<std::string> names =
+      all ? std::vector<std::string>{"q_proj",
+                                     "k_proj",
+                                     "v_proj",
+                                     "o_proj",
+                                     "gate_proj",
+                                     "up_proj",
+                                     "down_proj",
+                                     "per_layer_input_gate",
+                                     "per_layer_projection",
+                                     "per_layer_model_projection"}
+          : t.names;
+  // Appends `name` with its dots escaped.
+  const auto append_escaped = [](std::string& out, const std::string& name) {
+    for (char ch : name) {
+      if (ch == '.') out.push_back('\\');
+      out.push_back(ch);
+    }
+  };
   LoraTargets out;
-  out.regex = R"(.*language_model\.(.*\.)?()";
-  for (size_t i = 0; i < names.size(); ++i) out.regex += (i ? "|" : "") + names[i];
-  out.regex += ")";
+  out.regex = text_prefix == "model." ? std::string() : R"(.*language_model\.(.*\.)?()";
+  if (!out.regex.empty()) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (i) out.regex.push_back('|');
+      append_escaped(out.regex, names[i]);
+    }
+    out.regex += ")";
+  }
+  // The tower: the names that select its adapted modules.
+  const std::vector<std::string> tower_names =
+      all ? std::vector<std::string>{"q_proj.linear",    "k_proj.linear",    "v_proj.linear",
+                                     "o_proj.linear",    "gate_proj.linear", "up_proj.linear",
+                                     "down_proj.linear", "input_proj",       "embedding_projection"}
+          : t.names;
+  std::string tower;
+  for (const std::string& name : tower_names) {
+    bool hit = false;
+    for (const std::string& m : tower_modules)
+      hit = hit || m == name ||
+            (m.size() > name.size() && m.compare(m.size() - name.size(), name.size(), name) == 0 &&
+             m[m.size() - name.size() - 1] == '.');
+    if (!hit) continue;
+    if (!tower.empty()) tower.push_back('|');
+    append_escaped(tower, name);
+  }
+  if (!tower.empty()) {
+    if (!out.regex.empty()) out.regex.push_back('|');
+    out.regex.append(R"(model\.(vision_tower|embed_vision)\.(.*\.)?()").append(tower).append(")");
+  }
   return out;
 }
 
@@ -267,12 +308,14 @@ std::string PeftTensorName(const std::string& registry_name, const std::string& 
 }
 
 StatusOr<LoraSpec> LoraSpecFor(const Gemma4Config& config, const ParamRegistry& base,
-                               const PeftAdapterConfig& c) {
+                               const PeftAdapterConfig& c,
+                               const std::vector<std::string>& tower_modules) {
   if (c.r < 1) return InvalidArgument("the LoRA rank must be at least 1");
   if (c.lora_dropout < 0 || c.lora_dropout >= 1)
     return InvalidArgument(StrCat("the LoRA dropout must be in [0, 1), got ", c.lora_dropout));
   LoraSpec spec;
-  ST_ASSIGN_OR_RETURN(spec.targets, SelectLoraTargets(base, c.targets, TextPrefixFor(config)));
+  ST_ASSIGN_OR_RETURN(spec.targets,
+                      SelectLoraTargets(base, c.targets, TextPrefixFor(config), tower_modules));
   if (!c.modules_to_save.empty()) {
     ST_ASSIGN_OR_RETURN(spec.full, SelectModulesToSave(base, c.modules_to_save,
                                                        TextPrefixFor(config), spec.targets));
@@ -291,7 +334,8 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
   std::unique_ptr<WeightSource> adapters;
   if (!adapter_dir.empty()) {
     ST_ASSIGN_OR_RETURN(adapters,
-                        PeftAdapterWeights::Open(adapter_dir, reg, TextPrefixFor(model->config)));
+                        PeftAdapterWeights::Open(adapter_dir, reg, TextPrefixFor(model->config),
+                                                 vision::LoraModulesOf(model->source)));
   }
   model->weights =
       std::make_unique<LoraWeights>(reg, std::move(model->weights), seed, std::move(adapters));
@@ -302,7 +346,8 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
 
 Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir) {
   ST_ASSIGN_OR_RETURN(PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
-  StatusOr<LoraSpec> spec = LoraSpecFor(model->config, model->registry, c);
+  StatusOr<LoraSpec> spec =
+      LoraSpecFor(model->config, model->registry, c, vision::LoraModulesOf(model->source));
   if (!spec.ok()) return spec.status().WithContext(adapter_dir);
   return AttachLora(model, spec.value(), 0, adapter_dir);
 }

@@ -39,8 +39,12 @@ std::string PeftAdapterConfigJson(const PeftAdapterConfig& c);
 // target_modules as an adapter_config.json for a model whose text decoder sits at `text_prefix`
 // must say them: names (or all-linear) unchanged for a causal LM; for a multimodal model a regex
 // limited to the language model (PEFT's own form for gemma4), so that PEFT does not also wrap the
-// vision and audio towers' layers of the same names.
-LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix);
+// vision and audio towers' layers of the same names. `tower_modules`: the vision tower's modules
+// that carry adapters too; the regex then also selects them (a second alternative under
+// model.vision_tower / model.embed_vision). A regex target is returned as given (it selected the
+// tower's modules by the same rule).
+LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix,
+                           const std::vector<std::string>& tower_modules = {});
 // modules_to_save likewise: PEFT matches them by plain suffix over every module of the model, so
 // for a multimodal model each selected module is named with its "language_model." path.
 std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& names,
@@ -51,9 +55,12 @@ std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& na
 std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix);
 
 // The LoRA spec of a run on `model` (its base registry): targets selected under the model's
-// text prefix, scaling from alpha and rsLoRA.
+// text prefix, scaling from alpha and rsLoRA. `tower_modules`: the model's vision tower's LoRA-able
+// modules (vision::LoraModulesOf), which targets may also name (the tower's adapters are not in
+// the spec: vision::VisionTower holds them).
 StatusOr<LoraSpec> LoraSpecFor(const Gemma4Config& config, const ParamRegistry& base,
-                               const PeftAdapterConfig& c);
+                               const PeftAdapterConfig& c,
+                               const std::vector<std::string>& tower_modules = {});
 
 // Turns a loaded base model into one with adapters: the registry gains the adapters of `spec`
 // and the weights serve them from PEFT's initialisation (seeded) or, with `adapter_dir`, from

@@ -109,22 +109,36 @@ std::vector<int> LinearEntries(const ParamRegistry& reg) {
 
 namespace {
 
-// A target that names the vision or audio tower (or their projections): why it selects nothing.
-std::string TowerNote(const LoraTargets& t) {
+// A target that names the vision or audio tower (or their projections) of a model whose other
+// modules are `others`: why it selects nothing.
+std::string TowerNote(const LoraTargets& t, const std::vector<std::string>& others) {
   const std::string all = LoraTargetsString(t);
-  for (const char* part : {"vision", "audio"})
-    if (all.find(part) != std::string::npos)
-      return StrCat(" (LoRA reaches the text model only: the ", part,
-                    " tower and its projection stay frozen in this version)");
+  if (all.find("audio") != std::string::npos)
+    return " (LoRA reaches the text model and the vision tower: the audio tower stays frozen)";
+  if (all.find("vision") != std::string::npos && others.empty())
+    return " (this model has no vision tower)";
+  if (!others.empty())
+    return "; in the vision tower q_proj.linear,k_proj.linear,v_proj.linear,o_proj.linear,"
+           "gate_proj.linear,up_proj.linear,down_proj.linear,input_proj,embedding_projection";
   return "";
+}
+
+// Text targets, none, but the tower's selected: refused (LoRA needs a text adapter here).
+Status TowerOnly(const LoraTargets& t) {
+  return InvalidArgument(StrCat("LoRA target_modules '", LoraTargetsString(t),
+                                "' select only the vision tower's linears: add a text target ",
+                                "(e.g. q_proj,v_proj or all-linear); LoRA on the tower alone is "
+                                "not supported"));
 }
 
 }  // namespace
 
 StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const LoraTargets& t,
-                                             const std::string& module_prefix) {
+                                             const std::string& module_prefix,
+                                             const std::vector<std::string>& others) {
   const std::vector<int> linear = LinearEntries(reg);
   std::vector<int> out;
+  bool others_hit = false;
   if (!t.regex.empty()) {
     std::regex re;
     try {
@@ -136,22 +150,25 @@ StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const Lor
     for (int e : linear)
       if (std::regex_match(module_prefix + ModuleOf(reg.layout.entry(e).name), re))
         out.push_back(e);
+    for (const std::string& m : others) others_hit = others_hit || std::regex_match(m, re);
   } else {
     const bool all = std::find(t.names.begin(), t.names.end(), "all-linear") != t.names.end();
     if (all && t.names.size() > 1)
       return InvalidArgument("--lora-target-modules all-linear cannot be combined with names");
     for (const std::string& name : t.names) {
       if (all) break;
-      bool found = false;
+      bool found = false, elsewhere = false;
       for (int e : linear)
         if (EndsWithModule(module_prefix + ModuleOf(reg.layout.entry(e).name), name)) found = true;
-      if (!found)
+      for (const std::string& m : others) elsewhere = elsewhere || EndsWithModule(m, name);
+      others_hit = others_hit || elsewhere;
+      if (!found && !elsewhere)
         return InvalidArgument(StrCat(
             "LoRA target module '", name,
             "' matches no Linear layer of this model; use names such as q_proj,k_proj,v_proj,"
             "o_proj,gate_proj,up_proj,down_proj,per_layer_input_gate,per_layer_projection,"
             "per_layer_model_projection, or all-linear",
-            TowerNote(t)));
+            TowerNote(t, others)));
     }
     for (int e : linear) {
       const std::string module = module_prefix + ModuleOf(reg.layout.entry(e).name);
@@ -160,9 +177,10 @@ StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const Lor
       if (hit) out.push_back(e);
     }
   }
+  if (out.empty() && others_hit) return TowerOnly(t);
   if (out.empty())
     return InvalidArgument(StrCat("LoRA target_modules '", LoraTargetsString(t),
-                                  "' selects no Linear layer of this model", TowerNote(t)));
+                                  "' selects no Linear layer of this model", TowerNote(t, others)));
   return out;
 }
 

@@ -34,10 +34,13 @@ std::string LoraTargetsString(const LoraTargets& t);
 
 // Every Linear weight of the registry that `t` selects, as module names under `module_prefix`
 // (where the text model sits in its Hugging Face class: "model." for Gemma4ForCausalLM,
-// "model.language_model." for Gemma4ForConditionalGeneration). InvalidArgument when the regex does
-// not compile or nothing matches.
+// "model.language_model." for Gemma4ForConditionalGeneration). `others`: the LoRA-able modules of
+// the model's other parts (a vision tower's, model/vision/vision_tower.h), which a name may select
+// instead. InvalidArgument when the regex does not compile, a name selects nothing anywhere, or
+// nothing in the text model is selected.
 StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const LoraTargets& t,
-                                             const std::string& module_prefix);
+                                             const std::string& module_prefix,
+                                             const std::vector<std::string>& others = {});
 
 // The base entries of PEFT's modules_to_save: every parameter of each module whose whole name
 // (under `module_prefix`) ends with one of `names` (PEFT's plain suffix match: "norm" also

@@ -374,9 +374,9 @@ void FsdpModel::ZeroGrad() {
   std::fill(grad_.begin(), grad_.end(), 0.0f);
 }
 
-StatusOr<double> FsdpModel::ClipGradNorm(double max_norm) {
+StatusOr<double> FsdpModel::ClipGradNorm(double max_norm, double extra_sq) {
   // Padding elements of the shards are zero and stay zero, so they do not change the norm.
-  float sq = static_cast<float>(SumOfSquares(grad_.data(), shard_total_));
+  float sq = static_cast<float>(SumOfSquares(grad_.data(), shard_total_) + extra_sq);
   double total = sq;
   if (pg_.size() > 1) {
     ST_RETURN_IF_ERROR(

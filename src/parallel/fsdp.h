@@ -100,9 +100,11 @@ class FsdpModel : public ParamHooks {
   StatusOr<ForwardResult> Forward(Gemma4Engine& engine, const Batch& batch);
 
   void ZeroGrad();
-  // Global gradient norm over all shards (all-reduced); scales the gradients by
-  // min(1, max_norm / (norm + 1e-6)) when max_norm > 0. Returns the norm before clipping.
-  StatusOr<double> ClipGradNorm(double max_norm);
+  // Global gradient norm over all shards (all-reduced) and `extra_sq`, a sum of squares of
+  // gradients kept outside the shards (a replicated tensor's: pass it on one rank only); scales
+  // the shards' gradients by min(1, max_norm / (norm + 1e-6)) when max_norm > 0 (the caller
+  // scales its own). Returns the norm before clipping.
+  StatusOr<double> ClipGradNorm(double max_norm, double extra_sq = 0);
   void OptimizerStep(const AdamWConfig& cfg, int64_t step);
   // Call after writing master() directly (a resumed checkpoint): gathered copies are stale.
   void MasterChanged() { root_.unit = slots_[0].unit = slots_[1].unit = -1; }

@@ -107,7 +107,8 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
 }
 
 Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
-                        comm::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype) {
+                        comm::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype,
+                        const VisionLoraTrainer* vision) {
   const ParamRegistry& reg = model.registry;
   const bool writer = pg.rank() == 0;
   const std::string prefix = TextPrefixFor(model.config);
@@ -117,11 +118,23 @@ Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, Fs
       const ArenaEntry& e = reg.layout.entry(i);
       specs.push_back({PeftTensorName(e.name, prefix), dtype, e.shape});
     }
+  std::vector<VisionLoraTrainer::Named> tower;
+  std::vector<std::string> tower_modules;
+  if (vision) {
+    tower = vision->PeftTensors();
+    for (const VisionLoraTrainer::Named& t : tower) {
+      specs.push_back({t.name, dtype, Shape(t.shape.begin(), t.shape.end())});
+      if (t.name.find(".lora_A.") != std::string::npos)
+        tower_modules.push_back(
+            t.name.substr(std::string("base_model.model.").size(),
+                          t.name.find(".lora_A.") - std::string("base_model.model.").size()));
+    }
+  }
   Status status;  // rank 0's first write error; the gathers go on so that no rank is left waiting
   SafeTensorsWriter out;
   if (writer) {
     PeftAdapterConfig c = adapter;
-    c.targets = PeftTargetsFor(adapter.targets, prefix);
+    c.targets = PeftTargetsFor(adapter.targets, prefix, tower_modules);
     c.modules_to_save = PeftModulesToSaveFor(adapter.modules_to_save, reg, prefix);
     status = WriteFileDurably((fs::path(pending) / kAdapterConfigFile).string(),
                               PeftAdapterConfigJson(c));
@@ -142,6 +155,9 @@ Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, Fs
     if (writer && status.ok())
       status = out.AppendF32(tensor.data(), static_cast<int64_t>(tensor.size()));
   }
+  for (const VisionLoraTrainer::Named& t : tower)
+    if (writer && status.ok())
+      status = out.AppendF32(t.values->data(), static_cast<int64_t>(t.values->size()));
   if (writer && status.ok()) status = out.Commit();
   return status;
 }

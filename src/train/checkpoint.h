@@ -22,6 +22,7 @@
 #include "io/model_loader.h"
 #include "io/peft_adapter.h"
 #include "parallel/fsdp.h"
+#include "train/vision_lora.h"
 
 namespace st {
 
@@ -56,9 +57,12 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
 // Every rank, once rank 0 has created `pending`: a LoRA run's PEFT adapter directory written by
 // rank 0 (adapter_config.json, adapter_model.safetensors with every trained tensor, i.e. the
 // adapters, under PEFT's names in `dtype`), each assembled from every rank's piece as in
-// WriteHfModel (one all-gather per adapter tensor, in registry order on every rank).
+// WriteHfModel (one all-gather per adapter tensor, in registry order on every rank). `vision`: a
+// trained vision tower's adapters (the same on every rank), written after the text model's and
+// selected by adapter_config.json's target_modules too.
 Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, FsdpModel& fsdp,
-                        comm::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype);
+                        comm::ProcessGroup& pg, const PeftAdapterConfig& adapter, DType dtype,
+                        const VisionLoraTrainer* vision = nullptr);
 
 // What rank 0 adds to the ranks' shards and the model.
 struct CheckpointContent {

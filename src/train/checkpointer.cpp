@@ -47,6 +47,8 @@ StatusOr<TrainState> Checkpointer::Resume(bool required) {
   bool resumed = false;
   for (const CheckpointEntry& point : candidates) {
     Status s = LoadCheckpointShard(point.dir, fsdp_, rank, world);
+    if (s.ok() && options_.vision_lora)
+      s = options_.vision_lora->LoadState((fs::path(point.dir) / kVisionLoraStateFile).string());
     float ok = s.ok() ? 1.0f : 0.0f;
     ST_RETURN_IF_ERROR(pg_.AllReduce(&ok, 1, DType::kF32, comm::ReduceOp::kMin, collective_));
     if (!s.ok())
@@ -146,9 +148,12 @@ Status Checkpointer::Save(const TrainState& state, const std::string& metrics_js
   ST_RETURN_IF_ERROR(pg_.Barrier(collective_));
   ST_RETURN_IF_ERROR(
       WriteCheckpointShard(pending, fsdp_, rank, world, state.epoch, state.global_step));
-  if (options_.adapter)  // LoRA: the adapters as PEFT saves them; the base stays where it is
+  if (options_.vision_lora && rank == 0)
     ST_RETURN_IF_ERROR(
-        WritePeftAdapter(pending, model_, fsdp_, pg_, *options_.adapter, options_.adapter_dtype));
+        options_.vision_lora->SaveState((fs::path(pending) / kVisionLoraStateFile).string()));
+  if (options_.adapter)  // LoRA: the adapters as PEFT saves them; the base stays where it is
+    ST_RETURN_IF_ERROR(WritePeftAdapter(pending, model_, fsdp_, pg_, *options_.adapter,
+                                        options_.adapter_dtype, options_.vision_lora));
   else
     ST_RETURN_IF_ERROR(
         WriteHfModel(pending, model_, fsdp_, pg_, collective_, options_.export_options));

@@ -18,6 +18,7 @@
 #include "train/checkpoint.h"
 #include "train/step_metrics.h"
 #include "train/train_state.h"
+#include "train/vision_lora.h"
 
 namespace st {
 
@@ -37,6 +38,9 @@ struct CheckpointerOptions {
   // adapter_model.safetensors in adapter_dtype) instead of a model.
   std::optional<PeftAdapterConfig> adapter;
   DType adapter_dtype = DType::kF32;
+  // A trained vision tower's adapters (the same on every rank): in the adapter, and their AdamW
+  // state beside the shards (kVisionLoraStateFile) for a resume.
+  VisionLoraTrainer* vision_lora = nullptr;
   // Fields added to every trainer_state.json (seed, model_id, fsdp_units, dataset_split).
   nlohmann::json run_state = nlohmann::json::object();
 };

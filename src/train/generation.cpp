@@ -198,6 +198,7 @@ StatusOr<std::unique_ptr<TextGenerator>> TextGenerator::Load(
     StatusOr<std::unique_ptr<vision::ImageEncoder>> images = vision::ImageEncoder::Load(model_id);
     if (images.ok()) {
       g->images = std::move(*images);
+      if (!adapter.empty()) g->images->UseAdapter(adapter);
       g->renderer->SetImageTokens(g->images->Tokens());
     } else if (images.status().code() != StatusCode::kNotFound) {
       return images.status();

@@ -6,11 +6,13 @@
 
 namespace st {
 
-Status EncodeImages(const vision::ImageEncoder* encoder, TokenBatch& tb) {
+Status EncodeImages(const vision::ImageEncoder* encoder, TokenBatch& tb,
+                    vision::VisionSaved* saved) {
+  if (saved) saved->images.clear();
   if (tb.images.empty()) return Status::Ok();
   // Only a vision model's template renders image parts (text.images); this cannot happen.
   ST_CHECK(encoder != nullptr) << "a batch with images and no vision model";
-  ST_ASSIGN_OR_RETURN(tb.soft_tokens, encoder->Encode(tb.images));
+  ST_ASSIGN_OR_RETURN(tb.soft_tokens, encoder->Encode(tb.images, saved));
   tb.soft_token_rows =
       static_cast<int64_t>(tb.soft_tokens.size()) / encoder->config().text_hidden_size;
   tb.soft_token_id = encoder->config().image_token_id;
@@ -29,11 +31,15 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   ST_CHECK(!micro.empty());
   const size_t K = micro.size();
   std::vector<TokenBatch> tbs;
+  // A trained tower: each micro-batch's saved forward and its soft tokens' gradient.
+  std::vector<vision::VisionSaved> saved(p.vision_lora ? K : 0);
+  std::vector<std::vector<float>> d_soft(saved.size());
   StepResult out;
   int64_t local_targets = 0;
   for (const StepRows& rows : micro) {
     tbs.push_back(CollateStep(set, rows, batching));
-    ST_RETURN_IF_ERROR(EncodeImages(p.images, tbs.back()));
+    ST_RETURN_IF_ERROR(
+        EncodeImages(p.images, tbs.back(), p.vision_lora ? &saved[tbs.size() - 1] : nullptr));
     const TokenBatch& tb = tbs.back();
     out.real_tokens += tb.real_tokens;
     out.tokens += tb.B * tb.T;
@@ -42,6 +48,7 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   }
   const auto s1 = Clock::now();
   p.fsdp.ZeroGrad();
+  if (p.vision_lora) p.vision_lora->ZeroGrad();
   // Accumulating: the loss mean's denominator is the whole window's targets on every rank.
   float window_targets = static_cast<float>(local_targets);
   if (K > 1)
@@ -50,7 +57,12 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
   ForwardResult r;
   for (size_t k = 0; k < K; ++k) {
     const TokenBatch& tb = tbs[k];
-    const Batch b = BatchOf(tb);
+    Batch b = BatchOf(tb);
+    const bool tower = p.vision_lora && tb.soft_token_rows > 0;
+    if (tower) {
+      d_soft[k].resize(tb.soft_tokens.size());
+      b.soft_tokens_grad = d_soft[k].data();
+    }
     // Dropout masks differ per step, micro-batch and rank (each rank's batch is different data),
     // and are the same when a resumed run redoes a step.
     p.engine.SetDropoutSeed(StepDropoutSeed(p.seed, state.global_step, p.pg.rank(), k));
@@ -64,7 +76,12 @@ StatusOr<StepResult> TrainStep(const StepParts& p, const TokenizedSet& set,
       r.loss_sum += rk.loss_sum;  // each already every rank's
       r.num_valid = rk.num_valid;
     }
+    if (tower) {
+      ST_RETURN_IF_ERROR(p.vision_lora->Backward(saved[k], d_soft[k].data()));
+      saved[k] = {};  // the layer inputs are large; the next micro-batch's are already held
+    }
   }
+  if (p.vision_lora) ST_RETURN_IF_ERROR(p.vision_lora->AllReduce(p.pg, p.collective));
   out.loss = r.Loss();
   ST_RETURN_IF_ERROR(FinishStep(p, s0, s1, c0, wait0, state, out));
   return out;
@@ -75,15 +92,22 @@ Status FinishStep(const StepParts& p, std::chrono::steady_clock::time_point s0,
                   double wait0, TrainState& state, StepResult& out) {
   using Clock = std::chrono::steady_clock;
   double clip_s = 0;  // grad_norm -1: rank 0 sums the ranks' squares instead
+  // A trained tower's adapter gradients are the same on every rank: rank 0 counts them once.
+  const double tower_sq = p.vision_lora && p.pg.rank() == 0 ? p.vision_lora->SumOfSquares() : 0.0;
   if (p.max_grad_norm > 0) {
     const auto k0 = Clock::now();
-    ST_ASSIGN_OR_RETURN(out.grad_norm, p.fsdp.ClipGradNorm(p.max_grad_norm));
+    ST_ASSIGN_OR_RETURN(out.grad_norm, p.fsdp.ClipGradNorm(p.max_grad_norm, tower_sq));
+    if (p.vision_lora) {
+      const float coef = ClipCoefficient(out.grad_norm, p.max_grad_norm);
+      if (coef < 1.0f) p.vision_lora->Scale(coef);
+    }
     clip_s = std::chrono::duration<double>(Clock::now() - k0).count();
   }
   WorkerSample mine;
   if (out.grad_norm < 0)
-    mine.grad_sq = static_cast<float>(SumOfSquares(p.fsdp.grads(), p.fsdp.shard_size()));
+    mine.grad_sq = static_cast<float>(SumOfSquares(p.fsdp.grads(), p.fsdp.shard_size()) + tower_sq);
   p.fsdp.OptimizerStep(p.adam, ++state.global_step);
+  if (p.vision_lora) p.vision_lora->Step(p.adam);
   state.epoch_loss_sum += out.loss;
   ++state.step_in_epoch;
   const auto s2 = Clock::now();

@@ -20,6 +20,7 @@
 #include "parallel/fsdp.h"
 #include "train/step_metrics.h"
 #include "train/train_state.h"
+#include "train/vision_lora.h"
 
 namespace st {
 
@@ -39,8 +40,10 @@ inline Batch BatchOf(const TokenBatch& tb) {
   return b;
 }
 
-// A vision model's soft tokens for the batch's images into tb (none: nothing to do).
-Status EncodeImages(const vision::ImageEncoder* encoder, TokenBatch& tb);
+// A vision model's soft tokens for the batch's images into tb (none: nothing to do); `saved`
+// (a tower that trains) receives what its backward needs.
+Status EncodeImages(const vision::ImageEncoder* encoder, TokenBatch& tb,
+                    vision::VisionSaved* saved = nullptr);
 
 // The LoRA dropout masks' seed of micro-batch k of the step after global_step on `rank`: they
 // differ per step, micro-batch and rank, and are the same when a resumed run redoes a step.
@@ -59,8 +62,10 @@ struct StepParts {
   comm::CollectiveOptions collective;
   uint64_t seed = 0;  // the run's: with the step and the rank, the LoRA dropout masks' seed
   bool sync_each_batch = false;  // every micro-batch reduce-scatters (--sync-each-batch)
-  // A vision model's processor and frozen tower: the batches' images into soft tokens.
+  // A vision model's processor and tower: the batches' images into soft tokens.
   const vision::ImageEncoder* images = nullptr;
+  // LoRA on that tower (null: the tower is frozen): trained beside the text model.
+  VisionLoraTrainer* vision_lora = nullptr;
 };
 
 struct StepResult {

@@ -343,7 +343,8 @@ std::optional<PeftAdapterConfig> AdapterConfigOf(const FinetuneOptions& o) {
 Status ApplyLora(const FinetuneOptions& o, LoadedModel* model) {
   const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o);
   if (!c) return Status::Ok();
-  ST_ASSIGN_OR_RETURN(LoraSpec spec, LoraSpecFor(model->config, model->registry, *c));
+  ST_ASSIGN_OR_RETURN(LoraSpec spec, LoraSpecFor(model->config, model->registry, *c,
+                                                 vision::LoraModulesOf(o.model_id)));
   return AttachLora(model, spec, o.seed);
 }
 
@@ -360,8 +361,10 @@ struct RunInputs {
   BatchingOptions batching;
   int64_t steps_per_epoch = 0;
   Trainable trainable;
-  // A model with a vision tower: its processor and frozen tower (image parts in the data).
+  // A model with a vision tower: its processor and tower (image parts in the data).
   std::unique_ptr<vision::ImageEncoder> images;
+  // LoRA on that tower (targets that select its linears, a data set with images); null: frozen.
+  std::unique_ptr<VisionLoraTrainer> vision_lora;
 };
 
 // The split name of HF split syntax: "train" of "train[:10%]".
@@ -392,7 +395,7 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   ST_ASSIGN_OR_RETURN(RunTokenizer tok,
                       LoadRunTokenizer(m.config, o.model_id, o.tokenizer, o.data_dir));
   // A model with a vision tower reads image parts (its tower's weights only once a batch has
-  // images); the tower stays frozen.
+  // images).
   std::unique_ptr<vision::ImageEncoder> images;
   if (from_dir) {
     StatusOr<std::unique_ptr<vision::ImageEncoder>> loaded = vision::ImageEncoder::Load(o.model_id);
@@ -402,17 +405,36 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
       return loaded.status();
   }
   TextOptions text = TextOf(o);
-  if (images) {
-    text.images = images->Tokens();
-    // The tower is frozen: each image's soft tokens are computed once and reused by later
-    // epochs (and the eval split), up to this much per worker.
-    images->EnableCache(size_t{512} << 20);
-  }
+  if (images) text.images = images->Tokens();
   ST_ASSIGN_OR_RETURN(InstructionData data,
                       LoadInstructionData(tok, DatasetOf(o), o.max_seq_len, o.data_dir, text));
   const TokenizedSet& set = o.objective == "sft"    ? data.examples
                             : o.objective == "grpo" ? data.prompts.prompts
                                                     : data.pairs.pairs;
+  // LoRA on the vision tower: targets that select its linears (PEFT's rules; all-linear is every
+  // one), for a data set with images.
+  std::unique_ptr<VisionLoraTrainer> vision_lora;
+  if (const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o); c && images) {
+    ST_ASSIGN_OR_RETURN(const std::vector<int> slots,
+                        vision::VisionTower::SelectLoraSlots(images->config(), c->targets));
+    const bool named =
+        c->targets.regex.empty() && c->targets.names != std::vector<std::string>{"all-linear"};
+    if (!slots.empty() && set.images.empty() && named)
+      return InvalidArgument(StrCat(
+          "--lora-target-modules ", LoraTargetsString(c->targets),
+          " select vision tower linears, but the ", o.objective == "sft" ? "data set" : "objective",
+          o.objective == "sft" ? " has no image parts" : " reads no images (text data only)",
+          ": drop those targets or train on an image chat set"));
+    if (!slots.empty() && !set.images.empty()) {
+      ST_ASSIGN_OR_RETURN(vision::VisionTower * tower, images->MutableTower());
+      ST_RETURN_IF_ERROR(
+          tower->EnableLora(c->targets, c->r, m.registry.lora_scaling, o.seed).status());
+      vision_lora = std::make_unique<VisionLoraTrainer>(tower);
+    }
+  }
+  // A frozen tower gives an image the same soft tokens every time: each is computed once and
+  // reused by later epochs (and the eval split), up to this much per worker.
+  if (images && !vision_lora) images->EnableCache(size_t{512} << 20);
   const BatchingOptions batching = BatchingOf(o, data.pad_id);
   // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
   // Optimizer steps: the plan's micro-batches, --gradient-accumulation-steps at a time (the
@@ -441,8 +463,9 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
     eval = std::move(e);
   }
   ST_ASSIGN_OR_RETURN(Trainable trainable, TrainableTensors(m.registry, o.freeze));
-  return RunInputs{std::move(m), from_dir,        std::move(data),      std::move(eval),
-                   batching,     steps_per_epoch, std::move(trainable), std::move(images)};
+  return RunInputs{std::move(m),         from_dir,          std::move(data),
+                   std::move(eval),      batching,          steps_per_epoch,
+                   std::move(trainable), std::move(images), std::move(vision_lora)};
 }
 
 // Where the run writes: <storage>/<run name>. Rank 0 creates it and clears the pending
@@ -758,15 +781,19 @@ SetupSummary Trainer::Summary() const {
   if (in_.images) {  // a multimodal checkpoint: say what trains in each part
     const StatusOr<vision::TowerParameters> t = vision::CountTowerParameters(o_.model_id);
     if (t.ok())
-      s.parts = StrCat(
-          "Parts: text ", s.trainable_parameters + s.frozen_parameters, " parameters (",
-          s.trainable_parameters, " trainable); vision tower ", t->vision, " + projection ",
-          t->vision_projection,
-          " frozen (their soft tokens enter the text model; the tower does not train in this "
-          "version)",
-          t->audio + t->audio_projection > 0
-              ? StrCat("; audio tower ", t->audio + t->audio_projection, " not read")
-              : std::string());
+      s.parts =
+          StrCat("Parts: text ", s.trainable_parameters + s.frozen_parameters, " parameters (",
+                 s.trainable_parameters, " trainable); vision tower ", t->vision, " + projection ",
+                 t->vision_projection,
+                 in_.vision_lora
+                     ? StrCat(" frozen under LoRA on ", in_.vision_lora->PeftTensors().size() / 2,
+                              " of their linears (", in_.vision_lora->parameters(),
+                              " trainable, replicated on every worker",
+                              o_.lora_dropout > 0 ? "; no LoRA dropout in the tower" : "", ")")
+                     : " frozen (their soft tokens enter the text model)",
+                 t->audio + t->audio_projection > 0
+                     ? StrCat("; audio tower ", t->audio + t->audio_projection, " not read")
+                     : std::string());
   }
   return s;
 }
@@ -784,6 +811,7 @@ CheckpointerOptions Trainer::CheckpointerOptionsOf() const {
       o_.save_dtype.empty() ? in_.model.weights->dtype() : ParseDTypeFlag(o_.save_dtype).value();
   c.export_options.max_shard_bytes = ParseByteSize(o_.max_shard_size).value();
   c.adapter = AdapterConfigOf(o_);
+  c.vision_lora = in_.vision_lora.get();
   // Adapters are saved as trained (fp32, as PEFT saves them) unless --save-dtype says otherwise.
   if (!o_.save_dtype.empty()) c.adapter_dtype = ParseDTypeFlag(o_.save_dtype).value();
   c.run_state = {{"seed", o_.seed},
@@ -895,7 +923,8 @@ Status Trainer::RunEpoch(TrainState& state) {
                           collective_,
                           o_.seed,
                           o_.sync_each_batch,
-                          in_.images.get()};
+                          in_.images.get(),
+                          in_.vision_lora.get()};
     const int64_t j = i / R;  // the planned step (a GRPO round's)
     const std::span<const StepRows> micro = std::span<const StepRows>(plan).subspan(
         static_cast<size_t>(j * K),

@@ -58,8 +58,18 @@ StatusOr<std::unique_ptr<ImageEncoder>> ImageEncoder::Load(const std::string& mo
 
 StatusOr<const VisionTower*> ImageEncoder::Tower() const {
   if (!tower_) {
-    ST_ASSIGN_OR_RETURN(tower_, VisionTower::Load(model_dir_));
+    ST_ASSIGN_OR_RETURN(std::unique_ptr<VisionTower> tower, VisionTower::Load(model_dir_));
+    if (!adapter_dir_.empty()) {
+      const StatusOr<int> adapted = tower->LoadLora(adapter_dir_);
+      if (!adapted.ok()) return adapted.status().WithContext("--adapter " + adapter_dir_);
+    }
+    tower_ = std::move(tower);
   }
+  return tower_.get();
+}
+
+StatusOr<VisionTower*> ImageEncoder::MutableTower() {
+  ST_RETURN_IF_ERROR(Tower().status());
   return tower_.get();
 }
 
@@ -90,12 +100,16 @@ ImageTokens ImageEncoder::Tokens() const {
   return t;
 }
 
-StatusOr<std::vector<float>> ImageEncoder::Encode(std::span<const ImageRef* const> refs) const {
+StatusOr<std::vector<float>> ImageEncoder::Encode(std::span<const ImageRef* const> refs,
+                                                  VisionSaved* saved) const {
+  if (saved) saved->images.clear();
   if (refs.empty()) return std::vector<float>();
-  // The images the cache does not hold run through the tower together.
+  // The images the cache does not hold run through the tower together (all of them, in order,
+  // when the backward needs their values).
   std::vector<const ImageRef*> run;
   for (const ImageRef* r : refs)
-    if (!cache_.count(r) && std::find(run.begin(), run.end(), r) == run.end()) run.push_back(r);
+    if (saved || (!cache_.count(r) && std::find(run.begin(), run.end(), r) == run.end()))
+      run.push_back(r);
   std::vector<std::vector<float>> fresh(run.size());
   if (!run.empty()) {
     ST_ASSIGN_OR_RETURN(const VisionTower* tower, Tower());
@@ -113,17 +127,18 @@ StatusOr<std::vector<float>> ImageEncoder::Encode(std::span<const ImageRef* cons
       std::copy(p->positions.begin(), p->positions.end(),
                 positions.begin() + std::ptrdiff_t(i * size_t(max_patches) * 2));
     }
-    ST_ASSIGN_OR_RETURN(
-        const std::vector<float> soft,
-        tower->Forward(pixels.data(), positions.data(), static_cast<int>(run.size()), max_patches));
+    ST_ASSIGN_OR_RETURN(const std::vector<float> soft,
+                        tower->Forward(pixels.data(), positions.data(),
+                                       static_cast<int>(run.size()), max_patches, nullptr, saved));
     tower_images_ += static_cast<int64_t>(run.size());
+    if (saved) return soft;  // run == refs
     const size_t width = static_cast<size_t>(config_.text_hidden_size);
     size_t at = 0;
     for (size_t i = 0; i < run.size(); ++i) {
       const size_t n = static_cast<size_t>(counts[i]) * width;
       fresh[i].assign(soft.begin() + std::ptrdiff_t(at), soft.begin() + std::ptrdiff_t(at + n));
       at += n;
-      if (cache_bytes_ + n * sizeof(float) <= cache_budget_) {
+      if (cache_bytes_ + n * sizeof(float) <= cache_budget_ && !tower_->has_lora()) {
         cache_[run[i]] = fresh[i];
         cache_bytes_ += n * sizeof(float);
       }

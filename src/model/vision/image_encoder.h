@@ -40,8 +40,9 @@ class ImageEncoder {
 
   const VisionConfig& config() const { return config_; }
   const images::ImageProcessorConfig& processor() const { return processor_; }
-  // The tower, read on first use.
+  // The tower, read on first use; mutable for a run that trains adapters on it.
   StatusOr<const VisionTower*> Tower() const;
+  StatusOr<VisionTower*> MutableTower();
 
   // The image decoded (bytes, or the file at its path).
   static StatusOr<images::RgbImage> Decode(const ImageRef& ref);
@@ -49,18 +50,24 @@ class ImageEncoder {
   StatusOr<int64_t> CountSoftTokens(const ImageRef& ref) const;
   // What the chat template renders an image part as, for this model.
   ImageTokens Tokens() const;
-  // Every image's soft tokens, image after image: [sum of their counts, text width].
-  StatusOr<std::vector<float>> Encode(std::span<const ImageRef* const> refs) const;
+  // Every image's soft tokens, image after image: [sum of their counts, text width]. With
+  // `saved` (a tower that trains) every ref runs through the tower, repeats and cached ones too,
+  // and `saved` receives what VisionTower::Backward needs, in the refs' order.
+  StatusOr<std::vector<float>> Encode(std::span<const ImageRef* const> refs,
+                                      VisionSaved* saved = nullptr) const;
   // Keeps the soft tokens of up to `bytes` of images, by address, so that a later epoch's batch
   // skips the tower (frozen: the same values). Only for refs that stay where they are while the
   // encoder is used (a TokenizedSet's); 0 (the default) keeps none.
   void EnableCache(size_t bytes) { cache_budget_ = bytes; }
+  // A PEFT adapter directory whose tower adapters (if any) the tower takes when it is read
+  // (evaluate, generate and chat with --adapter).
+  void UseAdapter(const std::string& adapter_dir) { adapter_dir_ = adapter_dir; }
   // Images the tower has run on so far (those the cache served are not counted).
   int64_t tower_images() const { return tower_images_; }
 
  private:
   ImageEncoder() = default;
-  std::string model_dir_;
+  std::string model_dir_, adapter_dir_;
   VisionConfig config_;
   images::ImageProcessorConfig processor_;
   mutable std::unique_ptr<VisionTower> tower_;

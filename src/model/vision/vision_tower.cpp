@@ -14,6 +14,7 @@
 
 #include "core/rng.h"
 #include "io/hf_model.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -263,10 +264,9 @@ std::vector<std::string> VisionTower::LinearModules(const VisionConfig& c) {
   return m;
 }
 
-StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& targets, int64_t rank,
-                                                           double scaling, uint64_t seed) {
-  if (rank <= 0) return InvalidArgument("the LoRA rank must be positive");
-  const std::vector<std::string> modules = LinearModules(cfg_);
+StatusOr<std::vector<int>> VisionTower::SelectLoraSlots(const VisionConfig& c,
+                                                        const LoraTargets& targets) {
+  const std::vector<std::string> modules = LinearModules(c);
   std::optional<std::regex> re;
   if (!targets.regex.empty()) {
     try {
@@ -276,13 +276,27 @@ StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& ta
                                     "' is not a regular expression: ", e.what()));
     }
   }
-  const auto selected = [&](const std::string& m) {
-    if (re) return std::regex_match(m, *re);
+  std::vector<int> slots;
+  for (size_t slot = 0; slot < modules.size(); ++slot) {
+    const std::string& m = modules[slot];
+    bool hit = re && std::regex_match(m, *re);
     for (const std::string& t : targets.names)
-      if (t == "all-linear" || m == t ||
-          (m.size() > t.size() && m.compare(m.size() - t.size(), t.size(), t) == 0 &&
-           m[m.size() - t.size() - 1] == '.'))
-        return true;
+      hit = hit || t == "all-linear" || m == t ||
+            (m.size() > t.size() && m.compare(m.size() - t.size(), t.size(), t) == 0 &&
+             m[m.size() - t.size() - 1] == '.');
+    if (hit) slots.push_back(static_cast<int>(slot));
+  }
+  return slots;
+}
+
+StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& targets, int64_t rank,
+                                                           double scaling, uint64_t seed) {
+  if (rank <= 0) return InvalidArgument("the LoRA rank must be positive");
+  const std::vector<std::string> modules = LinearModules(cfg_);
+  ST_ASSIGN_OR_RETURN(const std::vector<int> slots, SelectLoraSlots(cfg_, targets));
+  const auto selected = [&](const std::string& m) {
+    for (int s : slots)
+      if (modules[size_t(s)] == m) return true;
     return false;
   };
   w_.lora_a.assign(modules.size(), {});
@@ -311,6 +325,37 @@ StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& ta
   lora_rank_ = rank;
   lora_scaling_ = static_cast<float>(scaling);
   return chosen;
+}
+
+std::vector<std::string> LoraModulesOf(const std::string& model_dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model_dir, ec)) return {};
+  const StatusOr<VisionConfig> c = ReadVisionConfig(model_dir);
+  return c.ok() ? VisionTower::LinearModules(c.value()) : std::vector<std::string>{};
+}
+
+StatusOr<int> VisionTower::LoadLora(const std::string& adapter_dir) {
+  ST_ASSIGN_OR_RETURN(const PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
+  ST_ASSIGN_OR_RETURN(const std::vector<int> slots, SelectLoraSlots(cfg_, c.targets));
+  if (slots.empty()) return 0;
+  ST_RETURN_IF_ERROR(
+      EnableLora(c.targets, c.r, LoraScaling(c.r, c.lora_alpha, c.use_rslora), 0).status());
+  const std::string path = (std::filesystem::path(adapter_dir) / kAdapterWeightsFile).string();
+  ST_ASSIGN_OR_RETURN(const SafeTensorsFile f, SafeTensorsFile::Open(path));
+  const std::vector<std::string> modules = LinearModules(cfg_);
+  for (int slot : slots) {
+    const auto [in, out] = SlotShape(cfg_, slot);
+    for (const bool is_b : {false, true}) {
+      const std::string name = StrCat("base_model.model.", modules[size_t(slot)],
+                                      is_b ? ".lora_B" : ".lora_A", ".weight");
+      if (!f.Find(name))
+        return DataLoss(StrCat(path, ": no tensor ", name, ", which adapter_config.json's ",
+                               "target_modules select in the vision tower"));
+      std::vector<float>& dst = is_b ? w_.lora_b[size_t(slot)] : w_.lora_a[size_t(slot)];
+      ST_RETURN_IF_ERROR(f.ReadF32(name, dst.data(), is_b ? Shape{out, c.r} : Shape{c.r, in}));
+    }
+  }
+  return static_cast<int>(slots.size());
 }
 
 StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const std::string& model_dir) {

@@ -59,6 +59,10 @@ struct VisionConfig {
 // or "vision_config": null); errors name the key.
 StatusOr<VisionConfig> ReadVisionConfig(const std::string& model_dir);
 
+// The LoRA-able modules of a model directory's vision tower (VisionTower::LinearModules); none
+// when it has none (or `model_dir` is not a model directory).
+std::vector<std::string> LoraModulesOf(const std::string& model_dir);
+
 // The per-layer intermediate values the tests compare with transformers' (real patches only).
 struct VisionTrace {
   std::vector<std::vector<float>> patch_embeddings;     // per image [patches, hidden]
@@ -141,6 +145,17 @@ class VisionTower {
   // "q_proj" selects nothing here: its Linear is "q_proj.linear").
   StatusOr<std::vector<std::string>> EnableLora(const LoraTargets& targets, int64_t rank,
                                                 double scaling, uint64_t seed);
+  // The slots (LinearModules' indices) `targets` select by those rules; none is not an error
+  // here. InvalidArgument for a regex that does not compile.
+  static StatusOr<std::vector<int>> SelectLoraSlots(const VisionConfig& c,
+                                                    const LoraTargets& targets);
+  bool has_lora() const { return lora_rank_ > 0; }
+  // The tower's adapters of a PEFT adapter directory (what its adapter_config.json targets in the
+  // tower, with its rank and scaling, read from adapter_model.safetensors as
+  // "base_model.model.<module>.lora_A.weight"). Returns how many modules it adapts (0: the
+  // adapter leaves the tower alone). DataLoss for a targeted module without its tensors.
+  StatusOr<int> LoadLora(const std::string& adapter_dir);
+  float lora_scaling() const { return lora_scaling_; }
   int64_t lora_rank() const { return lora_rank_; }
 
  private:
