@@ -185,6 +185,33 @@ TEST(VisionChatData, GenerateWithAnImageEqualsTransformers) {
   ASSERT_LE(got.size(), want.size());
   EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << ran.out;
 
+  // The same prompt from a --prompts file whose JSON line names its image (relative to the file),
+  // beside a text-only line: the first answer is the --image one, the second has no image.
+  const std::string dir = test::TempDir("vision_prompts");
+  std::filesystem::copy_file(image, dir + "/picture.jpg");
+  std::ofstream(dir + "/prompts.jsonl")
+      << nlohmann::json{{"prompt", g["prompt"]}, {"images", {"picture.jpg"}}}.dump() << "\n"
+      << nlohmann::json{{"prompt", g["prompt"]}}.dump() << "\n";
+  const test::Ran file =
+      test::RunCommand(std::string(ST_BINARY) + " generate --model-id " + kModel + " --prompts " +
+                       dir + "/prompts.jsonl --max-new-tokens 12 --temperature 0 --json");
+  ASSERT_EQ(file.code, 0) << file.out;
+  std::vector<nlohmann::json> answers;
+  std::istringstream lines(file.out);
+  for (std::string l; std::getline(lines, l);)
+    if (!l.empty() && l[0] == '{') answers.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(answers.size(), 2u) << file.out;
+  EXPECT_EQ(answers[0]["token_ids"].get<std::vector<int32_t>>(), got) << file.out;
+  EXPECT_EQ(answers[0]["prompt_tokens"], j["prompt_tokens"]);
+  EXPECT_LT(answers[1]["prompt_tokens"].get<int64_t>(), j["prompt_tokens"].get<int64_t>());
+  std::ofstream(dir + "/bad.jsonl") << R"({"prompt": "hi", "images": [3]})"
+                                    << "\n";
+  const test::Ran bad = test::RunCommand(std::string(ST_BINARY) + " generate --model-id " + kModel +
+                                         " --prompts " + dir + "/bad.jsonl");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("bad.jsonl:1: \"images\" must be a list of paths"), std::string::npos)
+      << bad.out;
+
   const test::Ran chat = test::RunCommand("echo '" + g["prompt"].get<std::string>() + "' | " +
                                           ST_BINARY + " chat --model-id " + kModel + " --image " +
                                           image + " --max-new-tokens 12 --temperature 0");
@@ -228,15 +255,23 @@ TEST(VisionChatData, EncoderCacheServesLaterBatchesTheSameSoftTokens) {
 // adapters, which `evaluate --adapter` applies (its loss is the run's last eval loss).
 TEST(VisionChatData, FinetuneLearnsTheImageSet) {
   const std::string dir = test::TempDir("vision_ft");
+  // Each epoch's checkpoint answers a prompt about an image (--sample-prompts with "images").
+  std::ofstream(dir + "/prompts.jsonl")
+      << nlohmann::json{{"prompt", "What is in the picture?"},
+                        {"images", {std::string(ST_FIXTURE_DIR) + "/images/rgb420_61x43.jpg"}}}
+             .dump()
+      << "\n";
   const test::Ran ran = test::RunCommand(
       std::string(ST_BINARY) + " finetune --model-id " + kModel + " --dataset " + kDir +
       "/data/train.parquet --dataset-split train --eval-dataset " + kDir +
       "/data/train.jsonl --eval-split train --max-seq-len 256 --batch-size-per-device 1 "
       "--topology 2 --lora-rank 8 --lora-target-modules all-linear --lr 1e-2 --num-epochs 15 "
-      "--precision fp32 --no-dashboard "
-      "--progress off --storage-path " +
-      dir + " --run-name v");
+      "--precision fp32 --no-dashboard --sample-prompts " +
+      dir + "/prompts.jsonl --sample-max-new-tokens 4 --progress off --storage-path " + dir +
+      " --run-name v");
   ASSERT_EQ(ran.code, 0) << ran.out;
+  EXPECT_EQ(ran.out.find("Samples skipped"), std::string::npos) << ran.out;
+  EXPECT_EQ(test::MetricsRecords(dir + "/v", "samples").size(), 15u) << ran.out;
   // What each part trains: the text model's LoRA, the tower's (frozen under its adapters).
   EXPECT_NE(ran.out.find("Parts: text "), std::string::npos) << ran.out;
   EXPECT_NE(ran.out.find("frozen under LoRA on 16 of their linears (6272 trainable"),

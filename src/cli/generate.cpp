@@ -135,21 +135,20 @@ nlohmann::json ToJson(const Generation& g) {
           {"decode_tokens_per_s", g.DecodeTokensPerSecond()}};
 }
 
-// Image files as the data sets' image references (paths, read when encoded).
-std::vector<ImageRef> ImageRefs(const std::vector<std::string>& paths) {
-  std::vector<ImageRef> refs;
-  for (const std::string& p : paths) refs.push_back(ImageRef{"", p});
-  return refs;
-}
-
 Status RunGenerate(GenerateArgs a) {
   const int sources = (a.prompts.empty() ? 0 : 1) + (a.prompts_file.empty() ? 0 : 1) +
                       (a.prompt_ids.empty() ? 0 : 1);
   if (sources != 1)
     return InvalidArgument(
         "give the prompts one way: --prompt TEXT, --prompts FILE or --prompt-ids");
+  // Each prompt's own images (a --prompts file's "images"), shown after --image's.
+  std::vector<std::vector<std::string>> prompt_images(a.prompts.size());
   if (!a.prompts_file.empty()) {
-    ST_ASSIGN_OR_RETURN(a.prompts, ReadPromptFile(a.prompts_file));
+    ST_ASSIGN_OR_RETURN(const std::vector<PromptLine> lines, ReadPromptFile(a.prompts_file));
+    for (const PromptLine& l : lines) {
+      a.prompts.push_back(l.text);
+      prompt_images.push_back(l.images);
+    }
   }
   std::vector<int32_t> ids;
   if (!a.prompt_ids.empty()) {
@@ -166,9 +165,11 @@ Status RunGenerate(GenerateArgs a) {
   const size_t n = ids.empty() ? a.prompts.size() : 1;
   if (!a.images.empty() && !ids.empty())
     return InvalidArgument("--image goes with --prompt or --prompts, not --prompt-ids");
-  const std::vector<ImageRef> images = ImageRefs(a.images);
   for (size_t i = 0; i < n; ++i) {
     conv.Reset();
+    std::vector<std::string> paths = a.images;
+    if (ids.empty()) paths.insert(paths.end(), prompt_images[i].begin(), prompt_images[i].end());
+    const std::vector<ImageRef> images = ImageRefsOf(paths);
     StatusOr<Generation> r = ids.empty()
                                  ? conv.Reply(a.prompts[i], a.system, a.gen, on_text, images)
                                  : conv.Continue(ids, a.gen, on_text);
@@ -202,7 +203,7 @@ Status RunChat(const GenerateArgs& a) {
                  g->model.source.c_str(), TemplateKindName(g->renderer->kind()));
   std::string line;
   bool first = true;
-  std::vector<ImageRef> images = ImageRefs(a.images);  // shown with the next user turn
+  std::vector<ImageRef> images = ImageRefsOf(a.images);  // shown with the next user turn
   for (;;) {
     if (tty) std::fprintf(stderr, "> ");
     if (!std::getline(std::cin, line)) break;
@@ -216,7 +217,7 @@ Status RunChat(const GenerateArgs& a) {
       continue;
     }
     if (line.rfind("/image ", 0) == 0) {
-      images.push_back(ImageRefs({line.substr(7)}).front());
+      images.push_back(ImageRefsOf({line.substr(7)}).front());
       if (tty) std::fprintf(stderr, "(image %zu goes with your next message)\n", images.size());
       continue;
     }

@@ -49,9 +49,10 @@ size_t CompletePrefix(const std::string& text) {
 
 }  // namespace
 
-StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
+StatusOr<std::vector<PromptLine>> ReadPromptFile(const std::string& path) {
   ST_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-  std::vector<std::string> out;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::vector<PromptLine> out;
   std::istringstream in(text);
   std::string line;
   int64_t n = 0;
@@ -60,7 +61,7 @@ StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (line[line.find_first_not_of(" \t")] != '{') {
-      out.push_back(line);
+      out.push_back({line, {}});
       continue;
     }
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
@@ -68,20 +69,43 @@ StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
       return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>()
                                                                 : std::string();
     };
-    std::string p = field("prompt");
-    if (p.empty()) {
-      p = field("instruction");
+    PromptLine p;
+    p.text = field("prompt");
+    if (p.text.empty()) {
+      p.text = field("instruction");
       const std::string c = field("context");
-      if (!p.empty() && !c.empty()) p += "\n\n" + c;
+      if (!p.text.empty() && !c.empty()) p.text += "\n\n" + c;
     }
-    if (p.empty())
+    if (p.text.empty())
       return InvalidArgument(StrCat(path, ":", n,
                                     ": a JSON line needs a string field \"prompt\" or "
                                     "\"instruction\""));
-    out.push_back(p);
+    for (const char* key : {"images", "image"}) {
+      if (!j.contains(key) || j[key].is_null()) continue;
+      const nlohmann::json& v = j[key];
+      const bool ok = std::string(key) == "image"
+                          ? v.is_string()
+                          : v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& e) {
+                              return e.is_string();
+                            });
+      if (!ok)
+        return InvalidArgument(StrCat(path, ":", n, ": \"", key, "\" must be ",
+                                      std::string(key) == "image" ? "a path" : "a list of paths",
+                                      " to image files"));
+      for (const std::string& f : v.is_string() ? std::vector<std::string>{v.get<std::string>()}
+                                                : v.get<std::vector<std::string>>())
+        p.images.push_back(std::filesystem::path(f).is_absolute() ? f : (dir / f).string());
+    }
+    out.push_back(std::move(p));
   }
   if (out.empty()) return InvalidArgument(path + " holds no prompt");
   return out;
+}
+
+std::vector<ImageRef> ImageRefsOf(const std::vector<std::string>& paths) {
+  std::vector<ImageRef> refs;
+  for (const std::string& p : paths) refs.push_back(ImageRef{"", p});
+  return refs;
 }
 
 double Generation::DecodeTokensPerSecond() const {

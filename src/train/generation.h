@@ -72,10 +72,19 @@ struct TextGenerator {
       const std::string& weights_dtype = "auto");
 };
 
+// A prompt of a prompt file: its text and the image files shown before it.
+struct PromptLine {
+  std::string text;
+  std::vector<std::string> images;  // paths (a JSON line's relative to the file's directory)
+};
+
 // A prompt file (generate --prompts, finetune --sample-prompts): JSON lines ({"prompt": ...}, or
-// {"instruction": ..., "context": ...} joined as the chat template joins them) when a line starts
-// with '{', else one prompt per non-blank line.
-StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path);
+// {"instruction": ..., "context": ...} joined as the chat template joins them; "images": [paths]
+// or "image": path for a vision model) when a line starts with '{', else one prompt per non-blank
+// line.
+StatusOr<std::vector<PromptLine>> ReadPromptFile(const std::string& path);
+// Image files as the data sets' image references (paths, read when encoded).
+std::vector<ImageRef> ImageRefsOf(const std::vector<std::string>& paths);
 
 class Conversation {
  public:

@@ -590,7 +590,7 @@ class Trainer {
   // Rank 0, after an epoch's checkpoint: --sample-prompts answered by the checkpoint just written
   // (loaded as `generate` loads it), printed and recorded. A failure is reported, not fatal.
   void Sample(const TrainState& state);
-  std::vector<std::string> sample_prompts_;
+  std::vector<PromptLine> sample_prompts_;
   std::unique_ptr<Objective> objective_;  // --objective dpo | orpo; null: the mean token loss
   std::unique_ptr<GrpoRun> grpo_;         // --objective grpo
   Status CreateGrpo();
@@ -667,7 +667,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const FinetuneOptions& o, com
   ST_ASSIGN_OR_RETURN(t->workers_, GatherWorkerInfo(pg, collective));
   t->checkpointer_.emplace(t->CheckpointerOptionsOf(), t->in_.model, t->fsdp_, pg, collective);
   if (!o.sample_prompts.empty()) {
-    StatusOr<std::vector<std::string>> prompts = ReadPromptFile(o.sample_prompts);
+    StatusOr<std::vector<PromptLine>> prompts = ReadPromptFile(o.sample_prompts);
     if (!prompts.ok()) return prompts.status().WithContext("--sample-prompts");
     t->sample_prompts_ = *std::move(prompts);
   }
@@ -1005,11 +1005,12 @@ void Trainer::Sample(const TrainState& state) {
   Conversation conv(**g, capacity);
   GenerateOptions go;
   go.max_new_tokens = o_.sample_max_new_tokens;
-  for (const std::string& p : sample_prompts_) {
+  for (const PromptLine& p : sample_prompts_) {
     conv.Reset();
-    StatusOr<Generation> r = conv.Reply(p, "", go);
-    if (!r.ok()) return failed(r.status().WithContext("prompt '" + p + "'"));
-    s.answers.push_back({p, r->text, r->stop, static_cast<int64_t>(r->ids.size())});
+    const std::vector<ImageRef> images = ImageRefsOf(p.images);
+    StatusOr<Generation> r = conv.Reply(p.text, "", go, {}, images);
+    if (!r.ok()) return failed(r.status().WithContext("prompt '" + p.text + "'"));
+    s.answers.push_back({p.text, r->text, r->stop, static_cast<int64_t>(r->ids.size())});
   }
   s.generate_s = std::chrono::duration<double>(Clock::now() - t0).count();
   s.unix_time =
