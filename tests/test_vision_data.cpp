@@ -303,7 +303,10 @@ TEST(VisionChatData, FinetuneLearnsTheImageSet) {
                        ckpt + " --dataset " + kDir + "/data/train.jsonl --max-seq-len 256 --json");
   ASSERT_EQ(eval.code, 0) << eval.out;
   const nlohmann::json j = nlohmann::json::parse(eval.out.substr(eval.out.rfind('{')));
-  EXPECT_NEAR(j["loss"].get<double>(), last, 1e-4 * last) << eval.out;
+  // The run's in-process eval and `evaluate` of its checkpoint differ by 2e-5 to 1.2e-3 of the
+  // loss on this over-fit tiny model (text-only LoRA alike; equal before training): 2e-3 here,
+  // while the same adapter without its tower part is 38 % off (measured).
+  EXPECT_NEAR(j["loss"].get<double>(), last, 2e-3 * last) << eval.out;
   // export writes the text model: it says that the tower's adapters stay behind.
   const test::Ran exported =
       test::RunCommand(std::string(ST_BINARY) + " export --model-id " + kModel + " --adapter " +
