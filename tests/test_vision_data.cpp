@@ -252,7 +252,8 @@ TEST(VisionChatData, EncoderCacheServesLaterBatchesTheSameSoftTokens) {
 // finetune on the image set (Parquet), packed, two workers, LoRA on every linear (all-linear: the
 // text model's and, as PEFT's all-linear, the vision tower's and the projection): the held-out copy
 // (JSON Lines, the same records) is learnt, and the saved adapter holds the tower's trained
-// adapters, which `evaluate --adapter` applies (its loss is the run's last eval loss).
+// adapters, which `evaluate --adapter` applies (its loss is the run's last eval loss, up to the
+// run's bf16 parameter gathers).
 TEST(VisionChatData, FinetuneLearnsTheImageSet) {
   const std::string dir = test::TempDir("vision_ft");
   // Each epoch's checkpoint answers a prompt about an image (--sample-prompts with "images").
@@ -303,9 +304,10 @@ TEST(VisionChatData, FinetuneLearnsTheImageSet) {
                        ckpt + " --dataset " + kDir + "/data/train.jsonl --max-seq-len 256 --json");
   ASSERT_EQ(eval.code, 0) << eval.out;
   const nlohmann::json j = nlohmann::json::parse(eval.out.substr(eval.out.rfind('{')));
-  // The run's in-process eval and `evaluate` of its checkpoint differ by 2e-5 to 1.2e-3 of the
-  // loss on this over-fit tiny model (text-only LoRA alike; equal before training): 2e-3 here,
-  // while the same adapter without its tower part is 38 % off (measured).
+  // The run's eval computes with the trained tensors gathered in bf16 (FSDP's param_dtype, as the
+  // seed's MixedPrecisionPolicy; docs/training.md), `evaluate` with the fp32 checkpoint: 2e-5 to
+  // 1.2e-3 of the loss apart on this over-fit model, while the same adapter without its tower
+  // part is 38 % off (measured).
   EXPECT_NEAR(j["loss"].get<double>(), last, 2e-3 * last) << eval.out;
   // export writes the text model: it says that the tower's adapters stay behind.
   const test::Ran exported =
