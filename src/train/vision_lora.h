@@ -1,7 +1,7 @@
 // LoRA adapters on a vision tower, trained beside the text model's (docs/vision.md, "Training the
-// tower: LoRA on its linears"). The tower's adapters are small (rank x (in + out) per linear: 4.6 M values on E2B's
-// tower at rank 16), so every rank holds all of them rather than a shard: each step their
-// gradients are summed across ranks with one all-reduce (the step's image count rides along),
+// tower: LoRA on its linears"). The tower's adapters are small (rank x (in + out) per linear: 4.6 M
+// values on E2B's tower at rank 16), so every rank holds all of them rather than a shard: each step
+// their gradients are summed across ranks with one all-reduce (the step's image count rides along),
 // clipped with the text shards' global norm, and stepped by the same AdamW, which skips a step in
 // which no rank had an image (torch skips a parameter without a gradient). Not the tower's
 // forward and backward (model/vision) nor the PEFT adapter file (train/checkpoint.h).
