@@ -13,6 +13,11 @@ Usage: tools/.venv/bin/python tools/check_vision_adapter.py --adapter DIR \
 Exit status 0 when the two losses agree to 1e-5 (relative). Also prints the base model's loss (the
 adapter off) and how many of the adapter's modules are in the vision tower, so that an adapter whose
 tower part was ignored shows.
+
+With --merged DIR (what `slicetrain export --model-id BASE --adapter DIR --output MERGED` wrote), also
+checks the merged model: transformers loads it as Gemma4ForConditionalGeneration with no missing or
+unexpected tensor (the towers are there), and its loss, and `slicetrain evaluate --model-id MERGED`'s,
+equal PEFT's loss with the adapter (1e-5 relative for an fp32 export, 1e-2 for bf16).
 """
 import argparse
 import json
@@ -35,6 +40,7 @@ def main():
     ap.add_argument("--base", default=os.path.join(fx.OUT, "model"))
     ap.add_argument("--dataset", default=os.path.join(fx.OUT, "data", "train.jsonl"))
     ap.add_argument("--slicetrain", default=os.path.join(fx.ROOT, "build", "slicetrain"))
+    ap.add_argument("--merged", help="an export of --base with --adapter merged, checked too")
     a = ap.parse_args()
 
     records = []
@@ -61,18 +67,34 @@ def main():
         _, base_total, _ = fx.set_loss(model, tok, template, proc, ids, records)
     ref = total / count
 
-    out = subprocess.run([a.slicetrain, "evaluate", "--model-id", a.base, "--adapter", a.adapter, "--dataset", a.dataset,
-                          "--max-seq-len", "4096", "--train-on", "all", "--precision", "fp32", "--json"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        print(f"slicetrain evaluate failed: {out.stdout}{out.stderr}", file=sys.stderr)
-        return 1
-    ours = json.loads(out.stdout.strip().splitlines()[-1])
+    def evaluate(*model_args):
+        out = subprocess.run([a.slicetrain, "evaluate", *model_args, "--dataset", a.dataset, "--max-seq-len", "4096",
+                              "--train-on", "all", "--precision", "fp32", "--json"], capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"slicetrain evaluate failed: {out.stdout}{out.stderr}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ours = evaluate("--model-id", a.base, "--adapter", a.adapter)
     rel = abs(ours["loss"] - ref) / abs(ref)
     print(f"adapter {a.adapter}: {text} text modules, {tower} vision tower modules")
     print(f"PEFT (transformers fp32): loss {ref:.6f} over {count} targets; without the adapter {base_total / count:.6f}")
     print(f"slicetrain evaluate --adapter: loss {ours['loss']:.6f} over {ours['tokens']} targets; relative difference {rel:.1e}")
     ok = rel <= 1e-5 and ours["tokens"] == count
+    if a.merged:
+        merged, info = Gemma4ForConditionalGeneration.from_pretrained(a.merged, dtype=torch.float32,
+                                                                      output_loading_info=True)
+        with open(os.path.join(a.merged, "config.json")) as f:
+            bound = 1e-5 if json.load(f).get("torch_dtype") == "float32" else 1e-2
+        missing, unexpected = info["missing_keys"], info["unexpected_keys"]
+        _, merged_total, _ = fx.set_loss(merged.eval(), tok, template, proc, ids, records)
+        theirs = merged_total / count
+        mine = evaluate("--model-id", a.merged)
+        rel_t, rel_o = abs(theirs - ref) / abs(ref), abs(mine["loss"] - ref) / abs(ref)
+        print(f"merged {a.merged}: {len(missing)} missing and {len(unexpected)} unexpected tensors in transformers"
+              f"{' ' + str(sorted(missing)[:4]) if missing else ''}")
+        print(f"merged, transformers fp32: loss {theirs:.6f} ({rel_t:.1e} from PEFT's); slicetrain evaluate: "
+              f"{mine['loss']:.6f} ({rel_o:.1e}); bound {bound:g}")
+        ok = ok and not missing and not unexpected and rel_t <= bound and rel_o <= bound
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

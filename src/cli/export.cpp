@@ -19,8 +19,9 @@ namespace st::cli {
 
 namespace {
 
-// An adapter that also trained the vision tower (LoRA on its linears): the exports write the text
-// model only, so say that those adapters stay behind.
+// An adapter that also trained the vision tower (LoRA on its linears): a GGUF file holds the
+// text model only (llama.cpp keeps a vision tower in a separate mmproj file, which slicetrain
+// does not write), so say that those adapters stay behind.
 void NoteTowerAdapters(const std::string& model_id, const std::string& adapter) {
   if (adapter.empty()) return;
   StatusOr<vision::VisionConfig> c = vision::ReadVisionConfig(model_id);
@@ -29,9 +30,9 @@ void NoteTowerAdapters(const std::string& model_id, const std::string& adapter) 
   StatusOr<std::vector<int>> slots = vision::VisionTower::SelectLoraSlots(*c, a->targets);
   if (!slots.ok() || slots->empty()) return;
   std::fprintf(stderr,
-               "Note: the adapter's LoRA on %zu vision tower linears is not in this export: it "
-               "writes the text model (Gemma4ForCausalLM) without the towers; use the adapter "
-               "with its base for images (evaluate, generate, chat --adapter)\n",
+               "Note: the adapter's LoRA on %zu vision tower linears is not in this GGUF file: it "
+               "holds the text model (llama.cpp reads a vision tower from a separate mmproj "
+               "file); --format hf exports the whole model with them merged\n",
                slots->size());
 }
 
@@ -183,14 +184,14 @@ Status Run(const ExportArgs& a) {
         StrCat("--output ", a.output, " exists and is not empty; name a new directory"));
   ST_ASSIGN_OR_RETURN(std::string model_id, ResolveModelSource(a.model_id, HubFromEnvironment()));
   ST_ASSIGN_OR_RETURN(LoadedModel m, LoadModelWithAdapter(model_id, a.adapter));
-  NoteTowerAdapters(model_id, a.adapter);
   DType dtype = m.weights->dtype();
   if (!a.save_dtype.empty()) {
     ST_ASSIGN_OR_RETURN(dtype, ParseDTypeFlag(a.save_dtype));
   }
   fs::create_directories(a.output, ec);
   if (ec) return IoError(StrCat("cannot create ", a.output, ": ", ec.message()));
-  ST_RETURN_IF_ERROR(WriteMergedModel(m, a.output, dtype, max_shard));
+  ST_ASSIGN_OR_RETURN(const MergedTowers towers,
+                      WriteMergedModel(m, a.output, dtype, max_shard, a.adapter));
   // The tokenizer: the adapter's (a slicetrain checkpoint has one), else the base's.
   for (const std::string& dir : {a.adapter, model_id}) {
     if (!HasTokenizerFiles(dir)) continue;
@@ -201,11 +202,20 @@ Status Run(const ExportArgs& a) {
     if (ec) return IoError(StrCat("cannot copy the tokenizer into ", a.output, ": ", ec.message()));
     break;
   }
+  // The base's generation and processor files, then the adapter's where it has its own.
+  ST_RETURN_IF_ERROR(CopyModelSideFiles(model_id, a.output));
+  ST_RETURN_IF_ERROR(CopyModelSideFiles(a.adapter, a.output));
   std::printf(
       "Exported %s with the adapter %s merged into %zu tensors (%zu more replaced by its "
       "modules_to_save): %s\n",
-      model_id.c_str(), a.adapter.c_str(), m.lora.targets.size(), m.lora.full.size(),
-      a.output.c_str());
+      model_id.c_str(), a.adapter.c_str(), m.lora.targets.size() + towers.merged_vision_linears,
+      m.lora.full.size(), a.output.c_str());
+  if (towers.tensors > 0)
+    std::printf(
+        "Towers: %lld tensors (vision, audio, their projections) beside the text model, %d of "
+        "them vision tower linears with the adapter merged: a Gemma4ForConditionalGeneration "
+        "directory\n",
+        static_cast<long long>(towers.tensors), towers.merged_vision_linears);
   return Status::Ok();
 }
 

@@ -40,13 +40,6 @@ StatusOr<nlohmann::json> ReadIndex(const std::string& path) {
   return j;
 }
 
-std::optional<DType> DTypeOfFile(const std::string& s) {
-  if (s == "F32") return DType::kF32;
-  if (s == "BF16") return DType::kBF16;
-  if (s == "F16") return DType::kF16;
-  return std::nullopt;
-}
-
 size_t ElementBytes(const std::string& dtype) {
   return dtype == "F64" ? 8 : (dtype == "F32" ? 4 : 2);
 }
@@ -56,6 +49,13 @@ const char* TorchDTypeName(DType t) {
 }
 
 }  // namespace
+
+std::optional<DType> DTypeOfFile(const std::string& s) {
+  if (s == "F32") return DType::kF32;
+  if (s == "BF16") return DType::kBF16;
+  if (s == "F16") return DType::kF16;
+  return std::nullopt;
+}
 
 std::string TextPrefixFor(const Gemma4Config& cfg) {
   return cfg.model_type == "gemma4" ? "model.language_model." : "model.";
@@ -225,7 +225,8 @@ StatusOr<LoadReport> LoadParams(const std::vector<std::string>& files, const Gem
 
 StatusOr<std::unique_ptr<HfModelWriter>> HfModelWriter::Create(
     const std::string& dir, const Gemma4Config& cfg, const ParamRegistry& reg,
-    std::vector<DType> dtypes, DType model_dtype, uint64_t max_shard_bytes) {
+    std::vector<DType> dtypes, DType model_dtype, uint64_t max_shard_bytes,
+    const std::vector<TensorSpec>& extra) {
   ST_CHECK(static_cast<int>(dtypes.size()) == reg.layout.size()) << "one dtype per tensor";
   std::unique_ptr<HfModelWriter> w(new HfModelWriter());
   w->dir_ = dir;
@@ -239,22 +240,32 @@ StatusOr<std::unique_ptr<HfModelWriter>> HfModelWriter::Create(
   if (!cfg.original.is_object() || config.value("model_type", "") != cfg.model_type)
     config = cfg.ToTextJson();
   config["torch_dtype"] = TorchDTypeName(model_dtype);
+  if (config.contains("dtype")) config["dtype"] = TorchDTypeName(model_dtype);  // transformers 5
   ST_RETURN_IF_ERROR(
       WriteFileDurably((fs::path(dir) / "config.json").string(), config.dump(2) + "\n"));
   // Files as transformers' shard_checkpoint fills them: in order, a new file when the next tensor
   // would take the current one past the limit.
   uint64_t in_file = 0;
-  w->file_of_.assign(reg.layout.size(), 0);
-  for (int i = 0; i < reg.layout.size(); ++i) {
-    const ArenaEntry& e = reg.layout.entry(i);
-    const uint64_t bytes = static_cast<uint64_t>(e.numel) * DTypeSize(w->dtypes_[i]);
+  const int entries = reg.layout.size() + static_cast<int>(extra.size());
+  w->file_of_.assign(static_cast<size_t>(entries), 0);
+  for (int i = 0; i < entries; ++i) {
+    TensorSpec spec;
+    if (i < reg.layout.size()) {
+      const ArenaEntry& e = reg.layout.entry(i);
+      spec = {w->prefix_ + e.name, w->dtypes_[static_cast<size_t>(i)], e.shape};
+    } else {
+      spec = extra[static_cast<size_t>(i - reg.layout.size())];
+    }
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    const uint64_t bytes = static_cast<uint64_t>(numel) * DTypeSize(spec.dtype);
     if (w->plan_.empty() || (in_file > 0 && in_file + bytes > max_shard_bytes)) {
       w->plan_.emplace_back();
       in_file = 0;
     }
     File& f = w->plan_.back();
     f.entries.push_back(i);
-    f.specs.push_back({w->prefix_ + e.name, w->dtypes_[i], e.shape});
+    f.specs.push_back(std::move(spec));
     in_file += bytes;
     w->total_bytes_ += bytes;
     w->file_of_[i] = static_cast<int>(w->plan_.size()) - 1;
@@ -329,6 +340,59 @@ Status HfModelWriter::Finish() {
     for (const TensorSpec& t : f.specs) map[t.name] = f.name;
   index["weight_map"] = std::move(map);
   return WriteFileDurably((fs::path(dir_) / kIndexName).string(), index.dump(2) + "\n");
+}
+
+Status CopyModelSideFiles(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (from.empty() || !fs::is_directory(from, ec)) return Status::Ok();
+  for (const std::string& f : kModelSideFiles) {
+    if (!fs::is_regular_file(fs::path(from) / f, ec)) continue;
+    fs::copy_file(fs::path(from) / f, fs::path(to) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) return IoError(StrCat("cannot copy ", f, " into ", to, ": ", ec.message()));
+  }
+  return Status::Ok();
+}
+
+StatusOr<TowerTensors> TowerTensors::Open(const std::string& source, const Gemma4Config& cfg,
+                                          const ParamRegistry& text) {
+  TowerTensors t;
+  const std::string prefix = TextPrefixFor(cfg);
+  std::error_code ec;
+  if (prefix == "model." || !fs::is_directory(source, ec)) return t;
+  ST_ASSIGN_OR_RETURN(const std::vector<std::string> paths, ModelWeightFiles(source));
+  for (const std::string& p : paths) {
+    ST_ASSIGN_OR_RETURN(SafeTensorsFile f, SafeTensorsFile::Open(p));
+    t.files_.push_back(std::move(f));
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < text.base_entries; ++i) names.insert(prefix + text.layout.entry(i).name);
+  for (size_t f = 0; f < t.files_.size(); ++f)
+    for (size_t k = 0; k < t.files_[f].tensors().size(); ++k) {
+      const SafeTensorInfo& info = t.files_[f].tensors()[k];
+      if (names.count(info.name)) continue;
+      const std::optional<DType> d = DTypeOfFile(info.dtype);
+      if (!d)
+        return Unimplemented(StrCat(t.files_[f].path(), ": tensor ", info.name, " has dtype ",
+                                    info.dtype, ", which a model directory is not written in ",
+                                    "(F32, BF16, F16)"));
+      t.where_.emplace_back(f, k);
+      t.specs_.push_back({info.name, *d, info.shape});
+    }
+  return t;
+}
+
+Status TowerTensors::CopyTo(size_t k, int entry, HfModelWriter& out) const {
+  const SafeTensorsFile& f = files_[where_[k].first];
+  const SafeTensorInfo& info = f.tensors()[where_[k].second];
+  constexpr size_t kBytes = size_t{16} << 20;
+  const auto* data = static_cast<const char*>(f.Data(info));
+  const size_t bytes = info.end - info.begin;
+  for (size_t off = 0; off == 0 || off < bytes; off += kBytes) {  // once when empty
+    const size_t n = std::min(kBytes, bytes - off);
+    ST_RETURN_IF_ERROR(out.AppendStored(entry, data + off, n, specs_[k].dtype));
+    DropPages(data + off, n);
+  }
+  return Status::Ok();
 }
 
 Status SaveHfModel(const std::string& dir, const Gemma4Config& cfg, const ParamRegistry& reg,

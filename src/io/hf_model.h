@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,10 +80,13 @@ constexpr uint64_t kDefaultMaxShardBytes = 5'000'000'000ull;
 class HfModelWriter {
  public:
   // dtypes: per registry entry, the dtype it is written in (config.json's torch_dtype is
-  // `model_dtype`).
+  // `model_dtype`). `extra`: tensors outside the registry written after its entries (a multimodal
+  // model's towers), under their own names; the k-th is entry reg.layout.size() + k of the
+  // Append calls (not AppendFromSource).
   static StatusOr<std::unique_ptr<HfModelWriter>> Create(
       const std::string& dir, const Gemma4Config& cfg, const ParamRegistry& reg,
-      std::vector<DType> dtypes, DType model_dtype, uint64_t max_shard_bytes);
+      std::vector<DType> dtypes, DType model_dtype, uint64_t max_shard_bytes,
+      const std::vector<TensorSpec>& extra = {});
   // The next values of `entry`, which must be the tensor being written (registry order); a tensor
   // may come in several consecutive pieces.
   Status AppendF32(int entry, const float* data, int64_t n);
@@ -116,12 +120,44 @@ class HfModelWriter {
   uint64_t total_bytes_ = 0;
 };
 
+// Files of a model directory besides its weights and tokenizer that a directory written from it
+// (an export, a full fine-tune's checkpoint) copies: how transformers' processors and generate
+// read the model.
+inline const std::vector<std::string> kModelSideFiles = {
+    "generation_config.json", "processor_config.json", "preprocessor_config.json",
+    "chat_template.jinja", "chat_template.json"};
+// Copies those of kModelSideFiles that `from` has (a model directory; anything else has none)
+// into `to`, replacing what is there.
+Status CopyModelSideFiles(const std::string& from, const std::string& to);
+
+// The tensors of a multimodal model directory that its text registry does not name (the vision
+// and audio towers, their projections): what a model directory written from the text model (a
+// merged export, a full fine-tune's checkpoint) copies as stored so that it stays whole. Empty
+// for a text-only model (Gemma4ForCausalLM) or a source that is not a directory (a preset).
+class TowerTensors {
+ public:
+  static StatusOr<TowerTensors> Open(const std::string& source, const Gemma4Config& cfg,
+                                     const ParamRegistry& text);
+  // Name, stored dtype and shape of each, in file order (HfModelWriter::Create's `extra`).
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+  // Tensor k's stored bytes as the writer's entry `entry`, in chunks whose file pages are
+  // dropped once written.
+  Status CopyTo(size_t k, int entry, HfModelWriter& out) const;
+
+ private:
+  std::vector<SafeTensorsFile> files_;
+  std::vector<std::pair<size_t, size_t>> where_;  // (file, tensor) of each
+  std::vector<TensorSpec> specs_;
+};
+
 // The whole model from an fp32 arena (registry layout) in `dtype`: HfModelWriter fed from memory.
 Status SaveHfModel(const std::string& dir, const Gemma4Config& cfg, const ParamRegistry& reg,
                    const float* params, DType dtype,
                    uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 std::string TextPrefixFor(const Gemma4Config& cfg);
+// A safetensors dtype ("F32", "BF16", "F16") as ours; none for the others (F64, integers).
+std::optional<DType> DTypeOfFile(const std::string& safetensors_dtype);
 
 // "bf16"/"bfloat16", "fp16"/"float16", "fp32"/"float32" (as --save-dtype takes them).
 StatusOr<DType> ParseDTypeFlag(const std::string& flag);

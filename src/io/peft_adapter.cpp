@@ -250,10 +250,7 @@ LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix,
   std::string tower;
   for (const std::string& name : tower_names) {
     bool hit = false;
-    for (const std::string& m : tower_modules)
-      hit = hit || m == name ||
-            (m.size() > name.size() && m.compare(m.size() - name.size(), name.size(), name) == 0 &&
-             m[m.size() - name.size() - 1] == '.');
+    for (const std::string& m : tower_modules) hit = hit || EndsWithModule(m, name);
     if (!hit) continue;
     if (!tower.empty()) tower.push_back('|');
     append_escaped(tower, name);
@@ -265,8 +262,9 @@ LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix,
   return out;
 }
 
-Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DType dtype,
-                        uint64_t max_shard_bytes) {
+StatusOr<MergedTowers> WriteMergedModel(const LoadedModel& model, const std::string& out_dir,
+                                        DType dtype, uint64_t max_shard_bytes,
+                                        const std::string& adapter_dir) {
   const ParamRegistry& reg = model.registry;
   const ParamRegistry base = BuildParamRegistry(model.config);
   const WeightSource& source = *model.weights;
@@ -274,9 +272,30 @@ Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DT
   for (int i = 0; i < base.layout.size(); ++i)
     if (reg.lora_a[static_cast<size_t>(i)] < 0)  // modules_to_save come from the adapter: none
       if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) dtypes[i] = s->dtype;
+  // A multimodal base's towers, copied as stored except the vision linears the adapter adapts.
+  ST_ASSIGN_OR_RETURN(const TowerTensors towers,
+                      TowerTensors::Open(model.source, model.config, base));
+  std::vector<TensorSpec> extra = towers.specs();
+  std::vector<int> slot_of_extra(extra.size(), -1);
+  std::unique_ptr<vision::VisionTower> tower;
+  MergedTowers report;
+  report.tensors = static_cast<int64_t>(extra.size());
+  if (!extra.empty() && !adapter_dir.empty() && vision::ReadVisionConfig(model.source).ok()) {
+    ST_ASSIGN_OR_RETURN(tower, vision::VisionTower::Load(model.source));
+    StatusOr<int> adapted = tower->LoadLora(adapter_dir);
+    if (!adapted.ok()) return adapted.status().WithContext("--adapter " + adapter_dir);
+    report.merged_vision_linears = adapted.value();
+    const std::vector<std::string> modules = vision::VisionTower::LinearModules(tower->config());
+    for (int slot : tower->LoraSlots())
+      for (size_t k = 0; k < extra.size(); ++k)
+        if (extra[k].name == modules[size_t(slot)] + ".weight") {
+          slot_of_extra[k] = slot;
+          extra[k].dtype = dtype;  // merged, as the text model's merged tensors
+        }
+  }
   ST_ASSIGN_OR_RETURN(
       std::unique_ptr<HfModelWriter> out,
-      HfModelWriter::Create(out_dir, model.config, base, dtypes, dtype, max_shard_bytes));
+      HfModelWriter::Create(out_dir, model.config, base, dtypes, dtype, max_shard_bytes, extra));
   std::vector<float> merged;
   for (int i = 0; i < base.layout.size(); ++i) {
     if (reg.lora_a[static_cast<size_t>(i)] < 0) {  // as the base (or modules_to_save) has it
@@ -289,7 +308,17 @@ Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DT
     ST_RETURN_IF_ERROR(out->AppendF32(i, merged.data(), numel));
     source.Release(i);
   }
-  return out->Finish();
+  for (size_t k = 0; k < extra.size(); ++k) {
+    const int entry = base.layout.size() + static_cast<int>(k);
+    if (slot_of_extra[k] < 0) {
+      ST_RETURN_IF_ERROR(towers.CopyTo(k, entry, *out));
+      continue;
+    }
+    const std::vector<float> w = tower->MergedWeight(slot_of_extra[k]);
+    ST_RETURN_IF_ERROR(out->AppendF32(entry, w.data(), static_cast<int64_t>(w.size())));
+  }
+  ST_RETURN_IF_ERROR(out->Finish());
+  return report;
 }
 
 std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& names,

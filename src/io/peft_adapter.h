@@ -77,10 +77,20 @@ Status AttachPeftAdapter(LoadedModel* model, const std::string& adapter_dir);
 StatusOr<LoadedModel> LoadModelWithAdapter(const std::string& model_id,
                                            const std::string& adapter_dir, uint64_t seed = 42);
 
+// What WriteMergedModel wrote beyond the text model.
+struct MergedTowers {
+  int64_t tensors = 0;            // the towers' tensors (vision, audio, their projections)
+  int merged_vision_linears = 0;  // of them, vision linears with the adapter's LoRA merged
+};
+
 // `slicetrain export`: the base model with its adapters merged (W + s B A, PEFT's
 // merge_and_unload) as a Hugging Face model directory, streamed tensor by tensor: merged tensors
-// in `dtype`, the others copied as the base stores them. `model` carries the adapters.
-Status WriteMergedModel(const LoadedModel& model, const std::string& out_dir, DType dtype,
-                        uint64_t max_shard_bytes);
+// in `dtype`, the others copied as the base stores them. `model` carries the adapters. A
+// multimodal base (Gemma4ForConditionalGeneration) keeps its towers: every tensor of its files
+// the text model does not name is copied as stored, except the vision linears that
+// `adapter_dir` adapts, written merged in `dtype` (the tower is read whole, as fp32, for that).
+StatusOr<MergedTowers> WriteMergedModel(const LoadedModel& model, const std::string& out_dir,
+                                        DType dtype, uint64_t max_shard_bytes,
+                                        const std::string& adapter_dir = "");
 
 }  // namespace st

@@ -20,14 +20,14 @@ std::string ModuleOf(const std::string& name) {
              : name;
 }
 
+}  // namespace
+
 bool EndsWithModule(const std::string& module, const std::string& target) {
   if (module == target) return true;
   return module.size() > target.size() &&
          module.compare(module.size() - target.size(), target.size(), target) == 0 &&
          module[module.size() - target.size() - 1] == '.';
 }
-
-}  // namespace
 
 StatusOr<std::vector<int>> SelectModulesToSave(const ParamRegistry& reg,
                                                const std::vector<std::string>& names,

@@ -31,6 +31,9 @@ LoraTargets DefaultLoraTargets();
 // "q_proj,v_proj" or "all-linear" (the --lora-target-modules flag).
 LoraTargets ParseLoraTargets(const std::string& flag);
 std::string LoraTargetsString(const LoraTargets& t);
+// PEFT's rule for a target name: it is the module's whole name or ends it at a dot ("q_proj"
+// matches "model.layers.0.self_attn.q_proj", not "...self_attn.xq_proj").
+bool EndsWithModule(const std::string& module, const std::string& target);
 
 // Every Linear weight of the registry that `t` selects, as module names under `module_prefix`
 // (where the text model sits in its Hugging Face class: "model." for Gemma4ForCausalLM,

@@ -84,9 +84,15 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
       if (std::optional<WeightSource::Stored> s = source.StoredBytes(i)) dtypes[i] = s->dtype;
   std::unique_ptr<HfModelWriter> out;
   Status status;  // rank 0's first write error; the gathers go on so that no rank is left waiting
+  // A multimodal base's towers (frozen in a full fine-tune) go into the checkpoint as stored, so
+  // that it is a whole Gemma4ForConditionalGeneration that reads images.
+  StatusOr<TowerTensors> towers = TowerTensors();
   if (writer) {
-    StatusOr<std::unique_ptr<HfModelWriter>> w = HfModelWriter::Create(
-        pending, model.config, reg, dtypes, options.dtype, options.max_shard_bytes);
+    towers = TowerTensors::Open(model.source, model.config, reg);
+    StatusOr<std::unique_ptr<HfModelWriter>> w =
+        towers.ok() ? HfModelWriter::Create(pending, model.config, reg, dtypes, options.dtype,
+                                            options.max_shard_bytes, towers.value().specs())
+                    : StatusOr<std::unique_ptr<HfModelWriter>>(towers.status());
     if (w.ok())
       out = std::move(w).value();
     else
@@ -102,7 +108,11 @@ Status WriteHfModel(const std::string& pending, const LoadedModel& model, FsdpMo
     }
     if (writer && status.ok()) status = out->AppendFromSource(i, source);
   }
+  if (writer && status.ok())
+    for (size_t k = 0; k < towers.value().specs().size() && status.ok(); ++k)
+      status = towers.value().CopyTo(k, reg.layout.size() + static_cast<int>(k), *out);
   if (writer && status.ok()) status = out->Finish();
+  if (writer && status.ok()) status = CopyModelSideFiles(model.source, pending);
   return status;
 }
 

@@ -281,9 +281,7 @@ StatusOr<std::vector<int>> VisionTower::SelectLoraSlots(const VisionConfig& c,
     const std::string& m = modules[slot];
     bool hit = re && std::regex_match(m, *re);
     for (const std::string& t : targets.names)
-      hit = hit || t == "all-linear" || m == t ||
-            (m.size() > t.size() && m.compare(m.size() - t.size(), t.size(), t) == 0 &&
-             m[m.size() - t.size() - 1] == '.');
+      hit = hit || t == "all-linear" || EndsWithModule(m, t);
     if (hit) slots.push_back(static_cast<int>(slot));
   }
   return slots;
@@ -325,6 +323,32 @@ StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& ta
   lora_rank_ = rank;
   lora_scaling_ = static_cast<float>(scaling);
   return chosen;
+}
+
+std::vector<int> VisionTower::LoraSlots() const {
+  std::vector<int> slots;
+  for (size_t slot = 0; slot < w_.lora_a.size(); ++slot)
+    if (!w_.lora_a[slot].empty()) slots.push_back(static_cast<int>(slot));
+  return slots;
+}
+
+const std::vector<float>& VisionTower::SlotWeight(int slot) const {
+  if (slot == 0) return w_.input_proj;
+  if (slot == ProjectionSlot()) return w_.projection;
+  const VisionLayerTensors& L = w_.layers[size_t((slot - 1) / 7)];
+  const std::vector<float>* by_kind[] = {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down};
+  return *by_kind[(slot - 1) % 7];
+}
+
+std::vector<float> VisionTower::MergedWeight(int slot) const {
+  std::vector<float> w = SlotWeight(slot);
+  if (size_t(slot) >= w_.lora_a.size() || w_.lora_a[size_t(slot)].empty()) return w;
+  const auto [in, out] = SlotShape(cfg_, slot);
+  // W [out, in] += s * B [out, r] A [r, in]
+  cpu::Gemm(Precision::kFp32, cpu::Trans::kNo, cpu::Trans::kNo, out, in, lora_rank_, lora_scaling_,
+            w_.lora_b[size_t(slot)].data(), lora_rank_, w_.lora_a[size_t(slot)].data(), in, 1.0f,
+            w.data(), in);
+  return w;
 }
 
 std::vector<std::string> LoraModulesOf(const std::string& model_dir) {

@@ -155,6 +155,11 @@ class VisionTower {
   // "base_model.model.<module>.lora_A.weight"). Returns how many modules it adapts (0: the
   // adapter leaves the tower alone). DataLoss for a targeted module without its tensors.
   StatusOr<int> LoadLora(const std::string& adapter_dir);
+  // The slots that carry adapters, in order (none before EnableLora or LoadLora).
+  std::vector<int> LoraSlots() const;
+  // Linear `slot`'s weight [out, in] with its adapter merged, W + s B A (PEFT's merge): what a
+  // merged export writes; W itself where the slot has no adapter.
+  std::vector<float> MergedWeight(int slot) const;
   float lora_scaling() const { return lora_scaling_; }
   int64_t lora_rank() const { return lora_rank_; }
 
@@ -170,6 +175,7 @@ class VisionTower {
   struct Rope;  // an image's axial RoPE tables
   VisionTower() = default;
   int ProjectionSlot() const { return 7 * cfg_.num_hidden_layers + 1; }
+  const std::vector<float>& SlotWeight(int slot) const;  // the base weight of linear `slot`
   // Linear `slot` (LinearModules' order) with its weight w: pre [rows, n_out] = c(x) W^T
   // [+ s (c(x) A^T) B^T], c = clip_in; out = clip_out(pre) (pre may be out).
   void Linear(int slot, const float* x, int64_t rows, int64_t n_in, const std::vector<float>& w,
