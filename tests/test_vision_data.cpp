@@ -370,6 +370,28 @@ TEST(VisionChatData, FullFinetuneCheckpointKeepsTheTowers) {
   EXPECT_LT(a["loss"].get<double>(), b["loss"].get<double>()) << after.out;  // it trained
 }
 
+// The memory plan counts the tower of a multimodal model: its weights and, frozen, the soft-token
+// cache's cap, or, with LoRA on it, the adapters and the saved values of a step's image tokens.
+TEST(VisionChatData, DryRunCountsTheTower) {
+  const auto row = [](const std::string& out) {
+    const size_t at = out.find("  vision tower (with images) ");
+    return at == std::string::npos
+               ? -1.0
+               : std::stod(out.substr(out.find_first_of("0123456789", at + 20)));
+  };
+  const std::string job = std::string(ST_BINARY) + " finetune --dry-run --model-id " + kModel +
+                          " --dataset " + kDir + "/data/train.jsonl --max-seq-len 256 --topology 1";
+  const test::Ran frozen = test::RunCommand(job + " --lora-rank 8");
+  const test::Ran lora = test::RunCommand(job + " --lora-rank 8 --lora-target-modules all-linear");
+  const test::Ran text = test::RunCommand(job + " --objective dpo --lora-rank 8");
+  ASSERT_EQ(frozen.code, 0) << frozen.out;
+  ASSERT_EQ(lora.code, 0) << lora.out;
+  EXPECT_GE(row(frozen.out), 512.0) << frozen.out;  // the cache's cap
+  EXPECT_GT(row(lora.out), 0.0) << lora.out;
+  EXPECT_LT(row(lora.out), 512.0) << lora.out;  // no cache: the tower trains
+  EXPECT_LT(row(text.out), 0.0) << text.out;    // preference pairs read no images
+}
+
 // The tower's adapters resume with their AdamW state: two epochs, then a resume to three, end
 // with the adapter (text and tower) of an uninterrupted three-epoch run, byte for byte.
 TEST(VisionChatData, TowerAdaptersResume) {

@@ -24,6 +24,7 @@
 #include "launch/worker.h"
 #include "model/gemma4.h"
 #include "model/params.h"
+#include "model/vision/image_encoder.h"
 #include "model/vision/vision_tower.h"
 #include "observe/dashboard.h"
 #include "observe/plot.h"
@@ -438,6 +439,25 @@ Status Run(FinetuneArgs& a, int* exit_code) {
         shape.rollout_bytes = GrpoSamplerBytes(
             *cfg, registry, trainable.mask, a.o.max_seq_len, a.o.max_completion_length,
             a.o.batch_size_per_device * a.o.gradient_accumulation_steps, a.o.num_generations, p);
+      }
+      if (from_dir && a.o.objective == "sft") {  // a multimodal model on an image set
+        StatusOr<std::unique_ptr<vision::ImageEncoder>> encoder =
+            vision::ImageEncoder::Load(a.o.model_id);
+        if (encoder.ok()) {
+          ST_ASSIGN_OR_RETURN(const vision::TowerParameters parts,
+                              vision::CountTowerParameters(a.o.model_id));
+          int64_t lora_values = 0;
+          if (const std::optional<PeftAdapterConfig> adapter = AdapterConfigOf(a.o)) {
+            ST_ASSIGN_OR_RETURN(
+                const std::vector<int> slots,
+                vision::VisionTower::SelectLoraSlots((*encoder)->config(), adapter->targets));
+            lora_values = vision::VisionTower::LoraValues((*encoder)->config(), slots, adapter->r);
+          }
+          shape.vision_bytes = vision::TowerWorkingBytes(
+              **encoder, parts, lora_values, a.o.batch_size_per_device * a.o.max_seq_len);
+        } else if (encoder.status().code() != StatusCode::kNotFound) {
+          return encoder.status();
+        }
       }
       shape.layer_units = a.o.fsdp_units == "layer";
       shape.accumulation = a.o.sync_each_batch ? 1 : a.o.gradient_accumulation_steps;

@@ -108,6 +108,12 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   if (e.rollout > 0)
     e.terms.push_back(
         {"GRPO sampler (the policy's weights for decoding, the batch's KV cache)", e.rollout});
+  e.vision = shape.vision_bytes;
+  if (e.vision > 0)
+    e.terms.push_back(
+        {"vision tower (fp32 weights, its adapters, saved values or the soft-token "
+         "cache; held once a batch has an image)",
+         e.vision});
   std::stable_sort(e.terms.begin(), e.terms.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
   return e;
@@ -155,6 +161,10 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
         "decode fewer sequences together (lower --batch-size-per-device or "
         "--gradient-accumulation-steps), shorter completions (--max-completion-length), or "
         "bf16 weights for sampling (--precision bf16)";
+  else if (what.find("vision tower") != std::string::npos)
+    advice =
+        "fewer image tokens a step (lower --max-seq-len or --batch-size-per-device), or train the "
+        "text model only (LoRA targets without the tower's linears)";
   else if (what.find("workspace") != std::string::npos)
     advice = "lower --batch-size-per-device or --max-seq-len, or fewer --threads";
   else if (what.find("sharded") != std::string::npos || what.find("gathered") != std::string::npos)
@@ -204,6 +214,7 @@ std::string FormatMemoryPlan(const WorkerMemoryEstimate& e, const WorkerShape& s
   if (e.accumulation > 0) row("gradient accumulation (unsharded)", e.accumulation);
   if (e.rollout > 0) row("GRPO sampler (weights, KV cache)", e.rollout);
   row("frozen tensors in fp32", e.frozen_fp32);
+  if (e.vision > 0) row("vision tower (with images)", e.vision);
   row("activations", e.activations);
   row("workspace", e.workspace);
   row("runtime", e.runtime);

@@ -40,6 +40,7 @@ struct WorkerMemoryEstimate {
          workspace = 0, runtime = kWorkerRuntimeBytes;
   double accumulation = 0;  // --gradient-accumulation-steps > 1: unsharded gradients
   double rollout = 0;       // GRPO's sampler (WorkerShape::rollout_bytes)
+  double vision = 0;        // the vision tower (WorkerShape::vision_bytes)
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   // Frozen elements never copied (the per-layer table when frozen): read from the checkpoint's
   // mapped files, or generated for a preset.
@@ -64,6 +65,9 @@ struct WorkerShape {
   // and the decoder's KV cache and scratch for the sequences in flight (the caller's sum; 0 for
   // other objectives).
   double rollout_bytes = 0;
+  // A multimodal model's vision tower once a batch has an image (vision::TowerWorkingBytes; 0 for
+  // a text model or an objective that reads no images).
+  double vision_bytes = 0;
 };
 
 // One worker of shape.world with a per-worker batch of shape.batch x shape.seq tokens.

@@ -434,7 +434,7 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   }
   // A frozen tower gives an image the same soft tokens every time: each is computed once and
   // reused by later epochs (and the eval split), up to this much per worker.
-  if (images && !vision_lora) images->EnableCache(size_t{512} << 20);
+  if (images && !vision_lora) images->EnableCache(vision::kSoftTokenCacheBytes);
   const BatchingOptions batching = BatchingOf(o, data.pad_id);
   // The same on every rank and in every epoch (FFD's bins depend only on the lengths).
   // Optimizer steps: the plan's micro-batches, --gradient-accumulation-steps at a time (the

@@ -26,6 +26,26 @@ StatusOr<TowerParameters> CountTowerParameters(const std::string& model_dir) {
   return p;
 }
 
+double TowerWorkingBytes(const ImageEncoder& e, const TowerParameters& p, int64_t lora_values,
+                         int64_t image_tokens) {
+  const VisionConfig& c = e.config();
+  const double f32 = sizeof(float), H = c.hidden_size, I = c.intermediate_size,
+               pool = double(c.pooling_kernel_size) * c.pooling_kernel_size,
+               P = static_cast<double>(e.processor().max_patches()),
+               qkv = double(c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+  const double weights = f32 * static_cast<double>(p.vision + p.vision_projection);
+  // One layer's values (VisionTower::Acts: norms, projections before and after their clamps,
+  // per-head norms, attention, the MLP's five [P, I] values) and one head's scores, twice: the
+  // backward's gradients are as large.
+  const double layer = 2 * f32 * (P * (10 * H + 4 * qkv + 5 * I) + P * P);
+  const double soft = f32 * static_cast<double>(image_tokens) * c.text_hidden_size;
+  if (lora_values == 0) return weights + layer + soft + static_cast<double>(kSoftTokenCacheBytes);
+  // Per soft token pool^2 patches, each with every layer's input, the output, the input pixels.
+  const double saved = f32 * static_cast<double>(image_tokens) * pool *
+                       ((c.num_hidden_layers + 2) * H + 3.0 * c.patch_size * c.patch_size);
+  return weights + layer + 2 * soft + saved + 4 * f32 * static_cast<double>(lora_values);
+}
+
 StatusOr<std::unique_ptr<ImageEncoder>> ImageEncoder::Load(const std::string& model_dir,
                                                            const std::string& processor,
                                                            int max_soft_tokens) {

@@ -240,17 +240,28 @@ void VisionTensors::ForEach(
 }
 
 VisionTensors VisionTensors::ZerosLike(bool base) const {
-  VisionTensors t = *this;
-  const auto zero = [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); };
-  for (std::vector<float>* v : {&t.input_proj, &t.position_table, &t.projection})
-    base ? zero(*v) : v->clear();
-  for (VisionLayerTensors& L : t.layers)
-    for (std::vector<float>* v :
-         {&L.input_norm, &L.post_attn_norm, &L.pre_ff_norm, &L.post_ff_norm, &L.q_norm, &L.k_norm,
-          &L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-      base ? zero(*v) : v->clear();
-  for (auto* list : {&t.lora_a, &t.lora_b})
-    for (std::vector<float>& v : *list) zero(v);
+  // Sized as the originals (never copied: the base tensors are the tower's whole weight).
+  const auto zeros = [base](const std::vector<float>& v) {
+    return base ? std::vector<float>(v.size(), 0.0f) : std::vector<float>();
+  };
+  VisionTensors t;
+  t.input_proj = zeros(input_proj);
+  t.position_table = zeros(position_table);
+  t.projection = zeros(projection);
+  t.layers.resize(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const VisionLayerTensors& from = layers[l];
+    VisionLayerTensors& to = t.layers[l];
+    for (auto member :
+         {&VisionLayerTensors::input_norm, &VisionLayerTensors::post_attn_norm,
+          &VisionLayerTensors::pre_ff_norm, &VisionLayerTensors::post_ff_norm,
+          &VisionLayerTensors::q_norm, &VisionLayerTensors::k_norm, &VisionLayerTensors::q,
+          &VisionLayerTensors::k, &VisionLayerTensors::v, &VisionLayerTensors::o,
+          &VisionLayerTensors::gate, &VisionLayerTensors::up, &VisionLayerTensors::down})
+      to.*member = zeros(from.*member);
+  }
+  for (const auto& [from, to] : {std::pair{&lora_a, &t.lora_a}, std::pair{&lora_b, &t.lora_b}})
+    for (const std::vector<float>& v : *from) to->emplace_back(v.size(), 0.0f);
   return t;
 }
 
@@ -323,6 +334,16 @@ StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& ta
   lora_rank_ = rank;
   lora_scaling_ = static_cast<float>(scaling);
   return chosen;
+}
+
+int64_t VisionTower::LoraValues(const VisionConfig& c, const std::vector<int>& slots,
+                                int64_t rank) {
+  int64_t n = 0;
+  for (int slot : slots) {
+    const auto [in, out] = SlotShape(c, slot);
+    n += rank * (in + out);
+  }
+  return n;
 }
 
 std::vector<int> VisionTower::LoraSlots() const {

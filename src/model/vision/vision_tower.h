@@ -149,6 +149,8 @@ class VisionTower {
   // here. InvalidArgument for a regex that does not compile.
   static StatusOr<std::vector<int>> SelectLoraSlots(const VisionConfig& c,
                                                     const LoraTargets& targets);
+  // Values of rank-`rank` adapters on `slots`: rank x (in + out) each.
+  static int64_t LoraValues(const VisionConfig& c, const std::vector<int>& slots, int64_t rank);
   bool has_lora() const { return lora_rank_ > 0; }
   // The tower's adapters of a PEFT adapter directory (what its adapter_config.json targets in the
   // tower, with its rank and scaling, read from adapter_model.safetensors as
