@@ -392,8 +392,9 @@ TEST(VisionChatData, DryRunCountsTheTower) {
   EXPECT_LT(row(text.out), 0.0) << text.out;    // preference pairs read no images
 }
 
-// The tower's adapters resume with their AdamW state: two epochs, then a resume to three, end
-// with the adapter (text and tower) of an uninterrupted three-epoch run, byte for byte.
+// The tower's adapters and its projection (modules_to_save) resume with their AdamW state: two
+// epochs, then a resume to three, end with the adapter (text and tower) of an uninterrupted
+// three-epoch run, byte for byte.
 TEST(VisionChatData, TowerAdaptersResume) {
   const std::string dir = test::TempDir("vision_resume");
   const std::string job = std::string(ST_BINARY) + " finetune --model-id " + kModel +
@@ -401,12 +402,14 @@ TEST(VisionChatData, TowerAdaptersResume) {
                           "/data/train.parquet --dataset-split train --max-seq-len 256 "
                           "--batch-size-per-device 1 --topology 2 --lora-rank 4 "
                           "--lora-target-modules q_proj,v_proj,down_proj.linear,input_proj "
+                          "--modules-to-save embedding_projection "
                           "--lr 1e-2 --precision fp32 --no-dashboard --progress off "
                           "--storage-path " +
                           dir;
   test::Ran r = test::RunCommand(job + " --num-epochs 3 --run-name whole");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("frozen under LoRA on 3 of their linears"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the projection trained in full"), std::string::npos) << r.out;
   r = test::RunCommand(job + " --num-epochs 2 --run-name part");
   ASSERT_EQ(r.code, 0) << r.out;
   r = test::RunCommand(job + " --num-epochs 3 --run-name part --resume");
@@ -450,6 +453,79 @@ TEST(VisionChatData, TowerTargetRefusals) {
       ++errors;
     EXPECT_EQ(errors, 1u) << c.targets << ": " << ran.out;
   }
+}
+
+// --modules-to-save embedding_projection trains the tower's projection in full beside text LoRA,
+// as PEFT's modules_to_save: the adapter file carries the trained copy under PEFT's name, evaluate
+// and export apply it; names the tower cannot train in full are refused.
+TEST(VisionChatData, ModulesToSaveTrainsTheProjection) {
+  const std::string dir = test::TempDir("vision_mts");
+  const test::Ran ran = test::RunCommand(
+      std::string(ST_BINARY) + " finetune --model-id " + kModel + " --dataset " + kDir +
+      "/data/train.parquet --dataset-split train --eval-dataset " + kDir +
+      "/data/train.jsonl --eval-split train --max-seq-len 256 --batch-size-per-device 1 "
+      "--topology 2 --lora-rank 4 --modules-to-save embedding_projection --lr 1e-2 "
+      "--num-epochs 4 --precision fp32 --no-dashboard --progress off --storage-path " +
+      dir + " --run-name m");
+  ASSERT_EQ(ran.code, 0) << ran.out;
+  EXPECT_NE(ran.out.find("frozen but the projection trained in full (modules_to_save"),
+            std::string::npos)
+      << ran.out;
+  const std::string ckpt = test::NewestCheckpoint(dir + "/m");
+  std::ifstream config_file(ckpt + "/adapter_config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config["modules_to_save"], nlohmann::json({"embed_vision.embedding_projection"}));
+  auto adapter = SafeTensorsFile::Open(ckpt + "/adapter_model.safetensors");
+  auto base = SafeTensorsFile::Open(kModel + "/model.safetensors");
+  ASSERT_TRUE(adapter.ok() && base.ok());
+  const std::string name = "model.embed_vision.embedding_projection.weight";
+  const SafeTensorInfo* info = base->Find(name);
+  ASSERT_NE(info, nullptr);
+  std::vector<float> before(static_cast<size_t>(info->shape[0] * info->shape[1])),
+      after(before.size());
+  ASSERT_TRUE(base->ReadF32(name, before.data(), info->shape).ok());
+  ASSERT_TRUE(adapter->ReadF32("base_model.model." + name, after.data(), info->shape).ok());
+  double moved = 0;
+  for (size_t i = 0; i < before.size(); ++i)
+    moved = std::max(moved, double(std::fabs(after[i] - before[i])));
+  EXPECT_GT(moved, 1e-3);  // it trained
+  const auto evals = test::MetricsRecords(dir + "/m", "eval");
+  ASSERT_FALSE(evals.empty());
+  const double last = evals.back()["eval_loss"].get<double>();
+  const std::string data = " --dataset " + kDir + "/data/train.jsonl --max-seq-len 256 --json";
+  const test::Ran eval = test::RunCommand(std::string(ST_BINARY) + " evaluate --model-id " +
+                                          kModel + " --adapter " + ckpt + data);
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  const double loss = nlohmann::json::parse(eval.out.substr(eval.out.rfind('{')))["loss"];
+  EXPECT_NEAR(loss, last, 2e-3 * last) << eval.out;  // the run's eval: bf16-gathered text LoRA
+  const test::Ran exported =
+      test::RunCommand(std::string(ST_BINARY) + " export --model-id " + kModel + " --adapter " +
+                       ckpt + " --output " + dir + "/merged");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find("the vision projection the adapter's"), std::string::npos)
+      << exported.out;
+  const test::Ran merged =
+      test::RunCommand(std::string(ST_BINARY) + " evaluate --model-id " + dir + "/merged" + data);
+  ASSERT_EQ(merged.code, 0) << merged.out;
+  EXPECT_NEAR(nlohmann::json::parse(merged.out.substr(merged.out.rfind('{')))["loss"].get<double>(),
+              loss, 1e-5 * loss)
+      << merged.out;
+
+  // Refused with one line: a tower linear named for full training, the audio projection too (this
+  // model has no audio tower, so embedding_projection is the vision one alone), a text set.
+  const auto refuse = [&](const std::string& data, const std::string& names,
+                          const std::string& want) {
+    const test::Ran r =
+        test::RunCommand(std::string(ST_BINARY) + " finetune --model-id " + kModel + " --dataset " +
+                         data + " --lora-rank 4 --modules-to-save '" + names +
+                         "' --no-dashboard --storage-path " + dir + " --run-name r");
+    EXPECT_NE(r.code, 0) << names << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << names << ": " << r.out;
+  };
+  const std::string images = kDir + "/data/train.parquet --dataset-split train";
+  refuse(images, "input_proj", "is trained only through LoRA");
+  refuse(ST_FIXTURE_DIR "/chat/messages_records.jsonl", "embedding_projection",
+         "has no image parts");
 }
 
 // Bad data: one line naming the record, a non-zero exit, no crash.

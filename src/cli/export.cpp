@@ -213,9 +213,11 @@ Status Run(const ExportArgs& a) {
   if (towers.tensors > 0)
     std::printf(
         "Towers: %lld tensors (vision, audio, their projections) beside the text model, %d of "
-        "them vision tower linears with the adapter merged: a Gemma4ForConditionalGeneration "
-        "directory\n",
-        static_cast<long long>(towers.tensors), towers.merged_vision_linears);
+        "them vision tower linears with the adapter merged%s: a "
+        "Gemma4ForConditionalGeneration directory\n",
+        static_cast<long long>(towers.tensors), towers.merged_vision_linears,
+        towers.projection_from_adapter ? ", the vision projection the adapter's (modules_to_save)"
+                                       : "");
   return Status::Ok();
 }
 

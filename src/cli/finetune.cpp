@@ -452,6 +452,10 @@ Status Run(FinetuneArgs& a, int* exit_code) {
                 const std::vector<int> slots,
                 vision::VisionTower::SelectLoraSlots((*encoder)->config(), adapter->targets));
             lora_values = vision::VisionTower::LoraValues((*encoder)->config(), slots, adapter->r);
+            // The projection trained in full (modules_to_save) trains the tower's outputs too.
+            const StatusOr<bool> projection = vision::VisionTower::SavesProjection(
+                (*encoder)->config(), adapter->modules_to_save);
+            if (projection.ok() && projection.value()) lora_values += parts.vision_projection;
           }
           shape.vision_bytes = vision::TowerWorkingBytes(
               **encoder, parts, lora_values, a.o.batch_size_per_device * a.o.max_seq_len);

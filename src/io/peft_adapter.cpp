@@ -67,6 +67,8 @@ class PeftAdapterWeights : public WeightSource {
     for (const std::string& m : tower_modules)
       for (const char* ab : {".lora_A.weight", ".lora_B.weight"})
         used.insert("base_model.model." + m + ab);
+    if (!tower_modules.empty())  // the projection's modules_to_save copy, the tower's too
+      used.insert(StrCat("base_model.model.", vision::VisionTower::kProjectionModule, ".weight"));
     for (const SafeTensorInfo& t : w->file_->tensors())
       if (!used.count(t.name))
         return DataLoss(StrCat(path, ": tensor ", t.name,
@@ -286,7 +288,13 @@ StatusOr<MergedTowers> WriteMergedModel(const LoadedModel& model, const std::str
     if (!adapted.ok()) return adapted.status().WithContext("--adapter " + adapter_dir);
     report.merged_vision_linears = adapted.value();
     const std::vector<std::string> modules = vision::VisionTower::LinearModules(tower->config());
-    for (int slot : tower->LoraSlots())
+    std::vector<int> slots = tower->LoraSlots();
+    const int projection = static_cast<int>(modules.size()) - 1;  // its modules_to_save copy
+    if (tower->projection_from_adapter() &&
+        std::find(slots.begin(), slots.end(), projection) == slots.end())
+      slots.push_back(projection);
+    report.projection_from_adapter = tower->projection_from_adapter();
+    for (int slot : slots)
       for (size_t k = 0; k < extra.size(); ++k)
         if (extra[k].name == modules[size_t(slot)] + ".weight") {
           slot_of_extra[k] = slot;
@@ -323,12 +331,14 @@ StatusOr<MergedTowers> WriteMergedModel(const LoadedModel& model, const std::str
 
 std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& names,
                                               const ParamRegistry& reg,
-                                              const std::string& text_prefix) {
+                                              const std::string& text_prefix,
+                                              bool vision_projection) {
   if (text_prefix == "model." || names.empty()) return names;
   std::set<std::string> modules;  // "language_model.layers.0.input_layernorm"
   for (int e = 0; e < reg.base_entries; ++e)
     if (reg.lora_full[static_cast<size_t>(e)])
       modules.insert(text_prefix.substr(6) + ModuleNames(reg, {e})[0]);
+  if (vision_projection) modules.insert("embed_vision.embedding_projection");
   return std::vector<std::string>(modules.begin(), modules.end());
 }
 
@@ -346,8 +356,9 @@ StatusOr<LoraSpec> LoraSpecFor(const Gemma4Config& config, const ParamRegistry& 
   ST_ASSIGN_OR_RETURN(spec.targets,
                       SelectLoraTargets(base, c.targets, TextPrefixFor(config), tower_modules));
   if (!c.modules_to_save.empty()) {
-    ST_ASSIGN_OR_RETURN(spec.full, SelectModulesToSave(base, c.modules_to_save,
-                                                       TextPrefixFor(config), spec.targets));
+    ST_ASSIGN_OR_RETURN(
+        spec.full, SelectModulesToSave(base, c.modules_to_save, TextPrefixFor(config), spec.targets,
+                                       tower_modules));
   }
   spec.rank = c.r;
   spec.scaling = LoraScaling(c.r, c.lora_alpha, c.use_rslora);

@@ -47,9 +47,11 @@ LoraTargets PeftTargetsFor(const LoraTargets& t, const std::string& text_prefix,
                            const std::vector<std::string>& tower_modules = {});
 // modules_to_save likewise: PEFT matches them by plain suffix over every module of the model, so
 // for a multimodal model each selected module is named with its "language_model." path.
+// `vision_projection`: the vision tower's projection is trained in full too.
 std::vector<std::string> PeftModulesToSaveFor(const std::vector<std::string>& names,
                                               const ParamRegistry& reg,
-                                              const std::string& text_prefix);
+                                              const std::string& text_prefix,
+                                              bool vision_projection = false);
 
 // The name PEFT gives a registry adapter entry of a model whose text decoder sits at `prefix`.
 std::string PeftTensorName(const std::string& registry_name, const std::string& text_prefix);
@@ -79,8 +81,9 @@ StatusOr<LoadedModel> LoadModelWithAdapter(const std::string& model_id,
 
 // What WriteMergedModel wrote beyond the text model.
 struct MergedTowers {
-  int64_t tensors = 0;            // the towers' tensors (vision, audio, their projections)
-  int merged_vision_linears = 0;  // of them, vision linears with the adapter's LoRA merged
+  int64_t tensors = 0;                   // the towers' tensors (vision, audio, their projections)
+  int merged_vision_linears = 0;         // of them, vision linears with the adapter's LoRA merged
+  bool projection_from_adapter = false;  // the projection is the adapter's (modules_to_save)
 };
 
 // `slicetrain export`: the base model with its adapters merged (W + s B A, PEFT's

@@ -32,7 +32,8 @@ bool EndsWithModule(const std::string& module, const std::string& target) {
 StatusOr<std::vector<int>> SelectModulesToSave(const ParamRegistry& reg,
                                                const std::vector<std::string>& names,
                                                const std::string& module_prefix,
-                                               const std::vector<int>& adapted) {
+                                               const std::vector<int>& adapted,
+                                               const std::vector<std::string>& others) {
   std::vector<int> out;
   std::vector<bool> used(names.size(), false);
   for (int e = 0; e < reg.base_entries; ++e) {
@@ -59,6 +60,10 @@ StatusOr<std::vector<int>> SelectModulesToSave(const ParamRegistry& reg,
                                     "or trained in full"));
     out.push_back(e);
   }
+  for (size_t k = 0; k < names.size(); ++k)
+    for (const std::string& m : others)
+      used[k] = used[k] || (m.size() >= names[k].size() &&
+                            m.compare(m.size() - names[k].size(), names[k].size(), names[k]) == 0);
   for (size_t k = 0; k < names.size(); ++k)
     if (!used[k])
       return InvalidArgument(StrCat("modules_to_save '", names[k],

@@ -50,10 +50,13 @@ StatusOr<std::vector<int>> SelectLoraTargets(const ParamRegistry& reg, const Lor
 // matches "input_layernorm"); buffers are not trained. InvalidArgument when a name selects
 // nothing, a selected tensor also has an adapter (`adapted`), or it is the tied embedding (PEFT
 // would untie it: its trained copy serves the lookups, the head keeps the base's).
+// `others`: module names of the model's other parts (a vision tower's linears and projection); a
+// name that selects one of them and nothing in the text model is left to that part.
 StatusOr<std::vector<int>> SelectModulesToSave(const ParamRegistry& reg,
                                                const std::vector<std::string>& names,
                                                const std::string& module_prefix,
-                                               const std::vector<int>& adapted);
+                                               const std::vector<int>& adapted,
+                                               const std::vector<std::string>& others = {});
 // The module names (registry names without ".weight") of `entries`.
 std::vector<std::string> ModuleNames(const ParamRegistry& reg, const std::vector<int>& entries);
 

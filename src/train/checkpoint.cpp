@@ -145,7 +145,8 @@ Status WritePeftAdapter(const std::string& pending, const LoadedModel& model, Fs
   if (writer) {
     PeftAdapterConfig c = adapter;
     c.targets = PeftTargetsFor(adapter.targets, prefix, tower_modules);
-    c.modules_to_save = PeftModulesToSaveFor(adapter.modules_to_save, reg, prefix);
+    c.modules_to_save = PeftModulesToSaveFor(adapter.modules_to_save, reg, prefix,
+                                             vision && vision->trains_projection());
     status = WriteFileDurably((fs::path(pending) / kAdapterConfigFile).string(),
                               PeftAdapterConfigJson(c));
     if (status.ok()) {

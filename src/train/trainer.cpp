@@ -417,6 +417,15 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   if (const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o); c && images) {
     ST_ASSIGN_OR_RETURN(const std::vector<int> slots,
                         vision::VisionTower::SelectLoraSlots(images->config(), c->targets));
+    StatusOr<bool> projection =
+        vision::VisionTower::SavesProjection(images->config(), c->modules_to_save);
+    if (!projection.ok()) return projection.status().WithContext("--modules-to-save");
+    if (*projection && set.images.empty())
+      return InvalidArgument(StrCat(
+          "--modules-to-save ", o.modules_to_save,
+          " names the vision tower's projection (embed_vision.embedding_projection), but the ",
+          o.objective == "sft" ? "data set has no image parts" : "objective reads no images",
+          ": leave it out or train on an image chat set"));
     const bool named =
         c->targets.regex.empty() && c->targets.names != std::vector<std::string>{"all-linear"};
     if (!slots.empty() && set.images.empty() && named)
@@ -425,11 +434,12 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
           " select vision tower linears, but the ", o.objective == "sft" ? "data set" : "objective",
           o.objective == "sft" ? " has no image parts" : " reads no images (text data only)",
           ": drop those targets or train on an image chat set"));
-    if (!slots.empty() && !set.images.empty()) {
+    if ((!slots.empty() || *projection) && !set.images.empty()) {
       ST_ASSIGN_OR_RETURN(vision::VisionTower * tower, images->MutableTower());
-      ST_RETURN_IF_ERROR(
-          tower->EnableLora(c->targets, c->r, m.registry.lora_scaling, o.seed).status());
-      vision_lora = std::make_unique<VisionLoraTrainer>(tower);
+      if (!slots.empty())
+        ST_RETURN_IF_ERROR(
+            tower->EnableLora(c->targets, c->r, m.registry.lora_scaling, o.seed).status());
+      vision_lora = std::make_unique<VisionLoraTrainer>(tower, *projection);
     }
   }
   // A frozen tower gives an image the same soft tokens every time: each is computed once and
@@ -718,6 +728,23 @@ Status Trainer::CreateGrpo() {
   return Status::Ok();
 }
 
+// The Parts line's words for the vision tower and projection.
+std::string VisionPartsOf(VisionLoraTrainer* trainer, double lora_dropout) {
+  if (!trainer) return " frozen (their soft tokens enter the text model)";
+  const size_t linears = trainer->tower().LoraSlots().size();
+  std::string what;
+  if (linears > 0)
+    what = StrCat(" frozen under LoRA on ", linears, " of their linears (",
+                  trainer->adapter_parameters(), " trainable");
+  if (trainer->trains_projection())
+    what += StrCat(linears > 0 ? "; the projection" : " frozen but the projection",
+                   " trained in full (modules_to_save, ",
+                   trainer->parameters() - trainer->adapter_parameters(),
+                   linears > 0 ? "" : " trainable");
+  return StrCat(what, ", replicated on every worker",
+                linears > 0 && lora_dropout > 0 ? "; no LoRA dropout in the tower" : "", ")");
+}
+
 SetupSummary Trainer::Summary() const {
   SetupSummary s;
   s.data = in_.data.report.Summary();
@@ -784,13 +811,7 @@ SetupSummary Trainer::Summary() const {
       s.parts =
           StrCat("Parts: text ", s.trainable_parameters + s.frozen_parameters, " parameters (",
                  s.trainable_parameters, " trainable); vision tower ", t->vision, " + projection ",
-                 t->vision_projection,
-                 in_.vision_lora
-                     ? StrCat(" frozen under LoRA on ", in_.vision_lora->PeftTensors().size() / 2,
-                              " of their linears (", in_.vision_lora->parameters(),
-                              " trainable, replicated on every worker",
-                              o_.lora_dropout > 0 ? "; no LoRA dropout in the tower" : "", ")")
-                     : " frozen (their soft tokens enter the text model)",
+                 t->vision_projection, VisionPartsOf(in_.vision_lora.get(), o_.lora_dropout),
                  t->audio + t->audio_projection > 0
                      ? StrCat("; audio tower ", t->audio + t->audio_projection, " not read")
                      : std::string());

@@ -21,12 +21,17 @@ namespace st {
 
 class VisionLoraTrainer {
  public:
-  // The tower's adapters must be enabled (VisionTower::EnableLora); the tower outlives this.
-  explicit VisionLoraTrainer(vision::VisionTower* tower);
+  // Trains the tower's adapters (enabled with VisionTower::EnableLora, or none) and, with
+  // `train_projection`, the projection (model.embed_vision.embedding_projection) in full, as
+  // PEFT's modules_to_save: at least one of them. The tower outlives this.
+  VisionLoraTrainer(vision::VisionTower* tower, bool train_projection);
 
   vision::VisionTower& tower() { return *tower_; }
-  // Adapter values (A and B of every adapted linear).
+  bool trains_projection() const { return train_projection_; }
+  // Trained values (A and B of every adapted linear, the projection's when it trains).
   int64_t parameters() const;
+  // Of them, the adapters'.
+  int64_t adapter_parameters() const;
 
   // Every step: ZeroGrad, Backward per micro-batch with images, AllReduce once on every rank,
   // then (after the clipping, which reads SumOfSquares and may Scale) Step.
@@ -41,7 +46,8 @@ class VisionLoraTrainer {
   bool Step(const AdamWConfig& cfg);
   int64_t steps() const { return steps_; }
 
-  // The adapters under PEFT's names ("base_model.model.<module>.lora_A.weight"), for
+  // The trained tensors under PEFT's names ("base_model.model.<module>.lora_A.weight", the
+  // projection as "base_model.model.model.embed_vision.embedding_projection.weight"), for
   // adapter_model.safetensors: name, shape, values.
   struct Named {
     std::string name;
@@ -56,11 +62,16 @@ class VisionLoraTrainer {
   Status LoadState(const std::string& path);
 
  private:
-  // fn(module, is_b, shape, weight, grad, exp_avg, exp_avg_sq) for each adapter tensor.
+  // fn(name, shape, weight, grad, exp_avg, exp_avg_sq) for each trained tensor, its name as
+  // PEFT's without "base_model.model." ("<module>.lora_A.weight").
   template <typename Fn>
-  void ForEachAdapter(Fn&& fn);
+  void ForEachTrained(Fn&& fn);
+  // fn(gradient) for each trained tensor.
+  template <typename Fn>
+  void ForEachGrad(Fn&& fn) const;
 
   vision::VisionTower* tower_;
+  bool train_projection_ = false;
   vision::VisionTensors grads_, exp_avg_, exp_avg_sq_;
   int64_t images_ = 0;  // this rank's images since ZeroGrad
   bool had_images_ = false;

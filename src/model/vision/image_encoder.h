@@ -34,8 +34,9 @@ class ImageEncoder;
 // What a worker holds for the tower once a batch has an image (the memory plan's term,
 // train/memory_estimate.h): the tower's and projection's fp32 weights (`p`), one encoder layer's
 // forward and backward values for the processor's largest image, the step's soft tokens, and
-// either a frozen tower's soft-token cache (its cap) or, with `lora_values` adapter values
-// (VisionTower::LoraValues), those values with their gradients and two AdamW moments and the
+// either a frozen tower's soft-token cache (its cap) or, with `lora_values` trained values
+// (VisionTower::LoraValues, plus the projection's when it trains in full), those values with
+// their gradients and two AdamW moments and the
 // saved layer inputs of up to `image_tokens` soft tokens (a step's tokens bound them).
 double TowerWorkingBytes(const ImageEncoder& e, const TowerParameters& p, int64_t lora_values,
                          int64_t image_tokens);

@@ -196,6 +196,7 @@ StatusOr<VisionConfig> ReadVisionConfig(const std::string& model_dir) {
       *field = *id;
   }
   if (!err.ok()) return err.WithContext(path);
+  c.audio_tower = j.contains("audio_config") && j["audio_config"].is_object();
   return c;
 }
 
@@ -336,6 +337,36 @@ StatusOr<std::vector<std::string>> VisionTower::EnableLora(const LoraTargets& ta
   return chosen;
 }
 
+StatusOr<bool> VisionTower::SavesProjection(const VisionConfig& c,
+                                            const std::vector<std::string>& names) {
+  const auto ends = [](const std::string& module, const std::string& name) {
+    return module.size() >= name.size() &&
+           module.compare(module.size() - name.size(), name.size(), name) == 0;
+  };
+  bool projection = false;
+  const std::vector<std::string> modules = LinearModules(c);
+  for (const std::string& name : names) {
+    if (name.empty()) continue;
+    projection = projection || ends(kProjectionModule, name);
+    if (c.audio_tower && ends("model.embed_audio.embedding_projection", name) &&
+        ends(kProjectionModule, name))
+      return InvalidArgument(StrCat("modules_to_save '", name,
+                                    "' selects the audio tower's projection too, which stays "
+                                    "read-only: name embed_vision.embedding_projection"));
+    for (size_t slot = 0; slot + 1 < modules.size(); ++slot) {
+      const std::string& m = modules[slot];
+      const std::string wrapper =
+          ends(m, ".linear") ? m.substr(0, m.size() - std::string(".linear").size()) : m;
+      if (ends(m, name) || ends(wrapper, name))
+        return InvalidArgument(StrCat("modules_to_save '", name, "' selects ", m,
+                                      " in the vision tower, which is trained only through LoRA "
+                                      "(--lora-target-modules); of the tower only "
+                                      "embed_vision.embedding_projection is trained in full"));
+    }
+  }
+  return projection;
+}
+
 int64_t VisionTower::LoraValues(const VisionConfig& c, const std::vector<int>& slots,
                                 int64_t rank) {
   int64_t n = 0;
@@ -382,11 +413,22 @@ std::vector<std::string> LoraModulesOf(const std::string& model_dir) {
 StatusOr<int> VisionTower::LoadLora(const std::string& adapter_dir) {
   ST_ASSIGN_OR_RETURN(const PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
   ST_ASSIGN_OR_RETURN(const std::vector<int> slots, SelectLoraSlots(cfg_, c.targets));
+  ST_ASSIGN_OR_RETURN(const bool projection, SavesProjection(cfg_, c.modules_to_save));
+  if (slots.empty() && !projection) return 0;
+  const std::string path = (std::filesystem::path(adapter_dir) / kAdapterWeightsFile).string();
+  ST_ASSIGN_OR_RETURN(const SafeTensorsFile f, SafeTensorsFile::Open(path));
+  if (projection) {
+    const std::string name = StrCat("base_model.model.", kProjectionModule, ".weight");
+    if (!f.Find(name))
+      return DataLoss(StrCat(path, ": no tensor ", name,
+                             ", which adapter_config.json's modules_to_save select"));
+    ST_RETURN_IF_ERROR(f.ReadF32(name, w_.projection.data(),
+                                 {int64_t(cfg_.text_hidden_size), int64_t(cfg_.hidden_size)}));
+    projection_from_adapter_ = true;
+  }
   if (slots.empty()) return 0;
   ST_RETURN_IF_ERROR(
       EnableLora(c.targets, c.r, LoraScaling(c.r, c.lora_alpha, c.use_rslora), 0).status());
-  const std::string path = (std::filesystem::path(adapter_dir) / kAdapterWeightsFile).string();
-  ST_ASSIGN_OR_RETURN(const SafeTensorsFile f, SafeTensorsFile::Open(path));
   const std::vector<std::string> modules = LinearModules(cfg_);
   for (int slot : slots) {
     const auto [in, out] = SlotShape(cfg_, slot);
@@ -833,6 +875,11 @@ Status VisionTower::Backward(const VisionSaved& saved, const float* d_soft,
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   if (grads->layers.size() != w_.layers.size() || grads->lora_a.size() != w_.lora_a.size())
     return InvalidArgument("the tower's gradients are not shaped as its weights (ZerosLike)");
+  // Whether anything below the projection has a gradient to compute.
+  bool below = !grads->input_proj.empty() || !grads->position_table.empty();
+  for (size_t slot = 0; slot + 1 < grads->lora_a.size(); ++slot)
+    below = below || !grads->lora_a[slot].empty();
+  for (const VisionLayerTensors& L : grads->layers) below = below || !L.q.empty();
   Acts acts;
   int64_t at = 0;  // the image's first soft token
   for (const VisionSaved::Image& im : saved.images) {
@@ -848,6 +895,7 @@ Status VisionTower::Backward(const VisionSaved& saved, const float* d_soft,
     std::vector<float> dy(ds, ds + tokens * W);
     LinearBackward(ProjectionSlot(), normed.data(), nullptr, dy.data(), tokens, H, w_.projection, W,
                    kNoClip, grads->projection, *grads, dnormed.data(), false);
+    if (!below) continue;  // only the projection trains
     cpu::RmsNormBackward(im.pooled.data(), nullptr, rstd.data(), dnormed.data(), dpooled.data(),
                          nullptr, tokens, H, false);
     // Standardization and the sqrt(hidden) scale, then the mean over each block.

@@ -50,6 +50,7 @@ struct VisionConfig {
   bool use_clipped_linears = false;
   bool standardize = false;
   int text_hidden_size = 0;
+  bool audio_tower = false;  // the model has an audio tower too (config.json's audio_config)
   // The top level's token ids (Gemma4Config's defaults when absent): the begin marker `<|image>`,
   // the soft-token placeholder `<|image|>` and the end marker `<image|>`.
   int32_t boi_token_id = 255999, image_token_id = 258880, eoi_token_id = 258882;
@@ -149,13 +150,25 @@ class VisionTower {
   // here. InvalidArgument for a regex that does not compile.
   static StatusOr<std::vector<int>> SelectLoraSlots(const VisionConfig& c,
                                                     const LoraTargets& targets);
+  // Whether PEFT's modules_to_save `names` (a name selects each module whose name ends with it)
+  // select the projection (model.embed_vision.embedding_projection), the one module of the tower
+  // trained in full; InvalidArgument when one selects another tower linear or the audio tower's
+  // projection (which PEFT would train too).
+  static StatusOr<bool> SavesProjection(const VisionConfig& c,
+                                        const std::vector<std::string>& names);
+  // The projection's module name and its tensor in a PEFT adapter file (modules_to_save).
+  static constexpr const char* kProjectionModule = "model.embed_vision.embedding_projection";
+  // Whether LoadLora replaced the projection with an adapter's trained copy (modules_to_save).
+  bool projection_from_adapter() const { return projection_from_adapter_; }
   // Values of rank-`rank` adapters on `slots`: rank x (in + out) each.
   static int64_t LoraValues(const VisionConfig& c, const std::vector<int>& slots, int64_t rank);
   bool has_lora() const { return lora_rank_ > 0; }
   // The tower's adapters of a PEFT adapter directory (what its adapter_config.json targets in the
   // tower, with its rank and scaling, read from adapter_model.safetensors as
-  // "base_model.model.<module>.lora_A.weight"). Returns how many modules it adapts (0: the
-  // adapter leaves the tower alone). DataLoss for a targeted module without its tensors.
+  // "base_model.model.<module>.lora_A.weight"), and the projection's trained copy where its
+  // modules_to_save selects it ("base_model.model.model.embed_vision.embedding_projection.weight").
+  // Returns how many modules it adapts (0: no LoRA in the tower). DataLoss for a targeted module
+  // without its tensors.
   StatusOr<int> LoadLora(const std::string& adapter_dir);
   // The slots that carry adapters, in order (none before EnableLora or LoadLora).
   std::vector<int> LoraSlots() const;
@@ -202,6 +215,7 @@ class VisionTower {
   std::vector<float> inv_freq_;  // head_dim / 4 frequencies of the axial RoPE
   int64_t lora_rank_ = 0;
   float lora_scaling_ = 0;
+  bool projection_from_adapter_ = false;
 };
 
 }  // namespace st::vision
