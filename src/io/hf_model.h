@@ -122,10 +122,9 @@ class HfModelWriter {
 
 // Files of a model directory besides its weights and tokenizer that a directory written from it
 // (an export, a full fine-tune's checkpoint) copies: how transformers' processors and generate
-// read the model.
+// read the model. (A chat template goes with the tokenizer the run used, not here.)
 inline const std::vector<std::string> kModelSideFiles = {
-    "generation_config.json", "processor_config.json", "preprocessor_config.json",
-    "chat_template.jinja", "chat_template.json"};
+    "generation_config.json", "processor_config.json", "preprocessor_config.json"};
 // Copies those of kModelSideFiles that `from` has (a model directory; anything else has none)
 // into `to`, replacing what is there.
 Status CopyModelSideFiles(const std::string& from, const std::string& to);
