@@ -468,7 +468,7 @@ TEST(VisionChatData, ModulesToSaveTrainsTheProjection) {
       "--num-epochs 4 --precision fp32 --no-dashboard --progress off --storage-path " +
       dir + " --run-name m");
   ASSERT_EQ(ran.code, 0) << ran.out;
-  EXPECT_NE(ran.out.find("frozen but the projection trained in full (modules_to_save"),
+  EXPECT_NE(ran.out.find(": the tower frozen, the projection trained in full (modules_to_save"),
             std::string::npos)
       << ran.out;
   const std::string ckpt = test::NewestCheckpoint(dir + "/m");

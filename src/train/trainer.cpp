@@ -732,17 +732,17 @@ Status Trainer::CreateGrpo() {
 std::string VisionPartsOf(VisionLoraTrainer* trainer, double lora_dropout) {
   if (!trainer) return " frozen (their soft tokens enter the text model)";
   const size_t linears = trainer->tower().LoraSlots().size();
-  std::string what;
-  if (linears > 0)
-    what = StrCat(" frozen under LoRA on ", linears, " of their linears (",
-                  trainer->adapter_parameters(), " trainable");
-  if (trainer->trains_projection())
-    what += StrCat(linears > 0 ? "; the projection" : " frozen but the projection",
-                   " trained in full (modules_to_save, ",
-                   trainer->parameters() - trainer->adapter_parameters(),
-                   linears > 0 ? "" : " trainable");
-  return StrCat(what, ", replicated on every worker",
-                linears > 0 && lora_dropout > 0 ? "; no LoRA dropout in the tower" : "", ")");
+  const std::string replicated =
+      StrCat(", replicated on every worker",
+             linears > 0 && lora_dropout > 0 ? "; no LoRA dropout in the tower" : "", ")");
+  const std::string projection =
+      StrCat("the projection trained in full (modules_to_save, ",
+             trainer->parameters() - trainer->adapter_parameters(), " trainable");
+  if (linears == 0) return StrCat(": the tower frozen, ", projection, replicated);
+  const std::string lora = StrCat(" frozen under LoRA on ", linears, " of their linears (",
+                                  trainer->adapter_parameters(), " trainable");
+  return trainer->trains_projection() ? StrCat(lora, "), ", projection, replicated)
+                                      : StrCat(lora, replicated);
 }
 
 SetupSummary Trainer::Summary() const {
