@@ -448,14 +448,13 @@ Status Run(FinetuneArgs& a, int* exit_code) {
                               vision::CountTowerParameters(a.o.model_id));
           int64_t lora_values = 0;
           if (const std::optional<PeftAdapterConfig> adapter = AdapterConfigOf(a.o)) {
-            ST_ASSIGN_OR_RETURN(
-                const std::vector<int> slots,
-                vision::VisionTower::SelectLoraSlots((*encoder)->config(), adapter->targets));
-            lora_values = vision::VisionTower::LoraValues((*encoder)->config(), slots, adapter->r);
+            ST_ASSIGN_OR_RETURN(const vision::VisionTower::AdaptedParts adapted,
+                                vision::VisionTower::PartsOf((*encoder)->config(), adapter->targets,
+                                                             adapter->modules_to_save));
+            lora_values =
+                vision::VisionTower::LoraValues((*encoder)->config(), adapted.slots, adapter->r);
             // The projection trained in full (modules_to_save) trains the tower's outputs too.
-            const StatusOr<bool> projection = vision::VisionTower::SavesProjection(
-                (*encoder)->config(), adapter->modules_to_save);
-            if (projection.ok() && projection.value()) lora_values += parts.vision_projection;
+            if (adapted.projection) lora_values += parts.vision_projection;
           }
           shape.vision_bytes = vision::TowerWorkingBytes(
               **encoder, parts, lora_values, a.o.batch_size_per_device * a.o.max_seq_len);

@@ -37,11 +37,11 @@ Status RefuseIfSet(const json& j, const std::string& path, const char* field, co
 // Reads the tensors of adapter_model.safetensors for the adapter entries of a registry.
 class PeftAdapterWeights : public WeightSource {
  public:
-  // The file's adapters of `tower_modules` (a vision tower's) are left to the tower
-  // (vision::VisionTower::LoadLora).
+  // The file's adapters of `tower_modules` (a vision tower's) and, when `saves_projection`, the
+  // tower projection's copy are left to the tower (vision::VisionTower::LoadLora).
   static StatusOr<std::unique_ptr<PeftAdapterWeights>> Open(
       const std::string& dir, const ParamRegistry& reg, const std::string& text_prefix,
-      const std::vector<std::string>& tower_modules) {
+      const std::vector<std::string>& tower_modules, bool saves_projection) {
     const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
     ST_ASSIGN_OR_RETURN(SafeTensorsFile file, SafeTensorsFile::Open(path));
     std::unique_ptr<PeftAdapterWeights> w(new PeftAdapterWeights(reg));
@@ -67,13 +67,15 @@ class PeftAdapterWeights : public WeightSource {
     for (const std::string& m : tower_modules)
       for (const char* ab : {".lora_A.weight", ".lora_B.weight"})
         used.insert("base_model.model." + m + ab);
-    if (!tower_modules.empty())  // the projection's modules_to_save copy, the tower's too
+    // The projection's modules_to_save copy, the tower's too: only where adapter_config.json
+    // lists it (a copy it does not name would be read by nobody).
+    if (saves_projection)
       used.insert(StrCat("base_model.model.", vision::VisionTower::kProjectionModule, ".weight"));
     for (const SafeTensorInfo& t : w->file_->tensors())
       if (!used.count(t.name))
         return DataLoss(StrCat(path, ": tensor ", t.name,
-                               " is not an adapter of the modules adapter_config.json targets in "
-                               "this model (modules_to_save and other adapter types are not "
+                               " is not an adapter of the modules adapter_config.json targets "
+                               "or saves in this model (other adapter types are not "
                                "supported)"));
     return w;
   }
@@ -288,10 +290,10 @@ StatusOr<MergedTowers> WriteMergedModel(const LoadedModel& model, const std::str
     StatusOr<vision::VisionConfig> vc = vision::ReadVisionConfig(model.source);
     StatusOr<PeftAdapterConfig> c = ReadPeftAdapterConfig(adapter_dir);
     if (vc.ok() && c.ok()) {
-      StatusOr<std::vector<int>> slots = vision::VisionTower::SelectLoraSlots(*vc, c->targets);
-      StatusOr<bool> projection = vision::VisionTower::SavesProjection(*vc, c->modules_to_save);
+      StatusOr<vision::VisionTower::AdaptedParts> parts =
+          vision::VisionTower::PartsOf(*vc, c->targets, c->modules_to_save);
       // (a config LoadLora would refuse is read there, to say why)
-      adapts_tower = !slots.ok() || !slots->empty() || !projection.ok() || *projection;
+      adapts_tower = !parts.ok() || parts->any();
     }
   }
   if (adapts_tower) {
@@ -385,9 +387,17 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
   AddLoraAdapters(&reg, spec);
   std::unique_ptr<WeightSource> adapters;
   if (!adapter_dir.empty()) {
-    ST_ASSIGN_OR_RETURN(adapters,
-                        PeftAdapterWeights::Open(adapter_dir, reg, TextPrefixFor(model->config),
-                                                 vision::LoraModulesOf(model->source)));
+    const std::vector<std::string> tower_modules = vision::LoraModulesOf(model->source);
+    bool saves_projection = false;
+    if (!tower_modules.empty()) {
+      ST_ASSIGN_OR_RETURN(const vision::VisionConfig vc, vision::ReadVisionConfig(model->source));
+      ST_ASSIGN_OR_RETURN(const PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
+      ST_ASSIGN_OR_RETURN(saves_projection,
+                          vision::VisionTower::SavesProjection(vc, c.modules_to_save));
+    }
+    ST_ASSIGN_OR_RETURN(adapters, PeftAdapterWeights::Open(adapter_dir, reg,
+                                                           TextPrefixFor(model->config),
+                                                           tower_modules, saves_projection));
   }
   model->weights =
       std::make_unique<LoraWeights>(reg, std::move(model->weights), seed, std::move(adapters));

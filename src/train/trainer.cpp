@@ -415,12 +415,11 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
   // one), for a data set with images.
   std::unique_ptr<VisionLoraTrainer> vision_lora;
   if (const std::optional<PeftAdapterConfig> c = AdapterConfigOf(o); c && images) {
-    ST_ASSIGN_OR_RETURN(const std::vector<int> slots,
-                        vision::VisionTower::SelectLoraSlots(images->config(), c->targets));
-    StatusOr<bool> projection =
-        vision::VisionTower::SavesProjection(images->config(), c->modules_to_save);
-    if (!projection.ok()) return projection.status().WithContext("--modules-to-save");
-    if (*projection && set.images.empty())
+    ST_ASSIGN_OR_RETURN(
+        const vision::VisionTower::AdaptedParts parts,
+        vision::VisionTower::PartsOf(images->config(), c->targets, c->modules_to_save));
+    const std::vector<int>& slots = parts.slots;
+    if (parts.projection && set.images.empty())
       return InvalidArgument(StrCat(
           "--modules-to-save ", o.modules_to_save,
           " names the vision tower's projection (embed_vision.embedding_projection), but the ",
@@ -434,12 +433,12 @@ StatusOr<RunInputs> LoadRunInputs(const FinetuneOptions& o, int world, int rank)
           " select vision tower linears, but the ", o.objective == "sft" ? "data set" : "objective",
           o.objective == "sft" ? " has no image parts" : " reads no images (text data only)",
           ": drop those targets or train on an image chat set"));
-    if ((!slots.empty() || *projection) && !set.images.empty()) {
+    if (parts.any() && !set.images.empty()) {
       ST_ASSIGN_OR_RETURN(vision::VisionTower * tower, images->MutableTower());
       if (!slots.empty())
         ST_RETURN_IF_ERROR(
             tower->EnableLora(c->targets, c->r, m.registry.lora_scaling, o.seed).status());
-      vision_lora = std::make_unique<VisionLoraTrainer>(tower, *projection);
+      vision_lora = std::make_unique<VisionLoraTrainer>(tower, parts.projection);
     }
   }
   // A frozen tower gives an image the same soft tokens every time: each is computed once and

@@ -367,6 +367,15 @@ StatusOr<bool> VisionTower::SavesProjection(const VisionConfig& c,
   return projection;
 }
 
+StatusOr<VisionTower::AdaptedParts> VisionTower::PartsOf(
+    const VisionConfig& c, const LoraTargets& targets,
+    const std::vector<std::string>& modules_to_save) {
+  AdaptedParts p;
+  ST_ASSIGN_OR_RETURN(p.slots, SelectLoraSlots(c, targets));
+  ST_ASSIGN_OR_RETURN(p.projection, SavesProjection(c, modules_to_save));
+  return p;
+}
+
 int64_t VisionTower::LoraValues(const VisionConfig& c, const std::vector<int>& slots,
                                 int64_t rank) {
   int64_t n = 0;
@@ -412,9 +421,10 @@ std::vector<std::string> LoraModulesOf(const std::string& model_dir) {
 
 StatusOr<int> VisionTower::LoadLora(const std::string& adapter_dir) {
   ST_ASSIGN_OR_RETURN(const PeftAdapterConfig c, ReadPeftAdapterConfig(adapter_dir));
-  ST_ASSIGN_OR_RETURN(const std::vector<int> slots, SelectLoraSlots(cfg_, c.targets));
-  ST_ASSIGN_OR_RETURN(const bool projection, SavesProjection(cfg_, c.modules_to_save));
-  if (slots.empty() && !projection) return 0;
+  ST_ASSIGN_OR_RETURN(const AdaptedParts parts, PartsOf(cfg_, c.targets, c.modules_to_save));
+  if (!parts.any()) return 0;
+  const std::vector<int>& slots = parts.slots;
+  const bool projection = parts.projection;
   const std::string path = (std::filesystem::path(adapter_dir) / kAdapterWeightsFile).string();
   ST_ASSIGN_OR_RETURN(const SafeTensorsFile f, SafeTensorsFile::Open(path));
   if (projection) {

@@ -156,6 +156,16 @@ class VisionTower {
   // projection (which PEFT would train too).
   static StatusOr<bool> SavesProjection(const VisionConfig& c,
                                         const std::vector<std::string>& names);
+  // What of the tower a PEFT adapter config trains: LoRA on `slots` (SelectLoraSlots of its
+  // target_modules) and the projection in full (SavesProjection of its modules_to_save); the
+  // errors are theirs.
+  struct AdaptedParts {
+    std::vector<int> slots;
+    bool projection = false;
+    bool any() const { return !slots.empty() || projection; }
+  };
+  static StatusOr<AdaptedParts> PartsOf(const VisionConfig& c, const LoraTargets& targets,
+                                        const std::vector<std::string>& modules_to_save);
   // The projection's module name and its tensor in a PEFT adapter file (modules_to_save).
   static constexpr const char* kProjectionModule = "model.embed_vision.embedding_projection";
   // Whether LoadLora replaced the projection with an adapter's trained copy (modules_to_save).
