@@ -482,6 +482,68 @@ TEST(Grpo, KilledInTheMiddleOfARoundResumesExactly) {
       << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
+// Full fine-tuning with a KL term: the reference is the model the run started from, kept as a
+// copy of each worker's shard. The first step is on-policy against it (KL 0 to the bit: the same
+// weights, batch and kernels); later steps move away; a run stopped after epoch 1 and resumed
+// has the same KL on every step of epoch 2 and the same final weights as the uninterrupted run,
+// so the reference after a resume is the starting model, not the checkpoint it resumed from.
+TEST(Grpo, FullFineTuningKlIsToTheStartingWeights) {
+  const std::string dir = test::TempDir("grpo_full_kl");
+  ASSERT_FALSE(dir.empty());
+  const std::string job = Job(dir) + " --reward-command " + WriteReward(dir) +
+                          " --dataset-split train[:16] --beta 0.04 --lr 1e-2 --topology 2";
+  test::Ran r = test::RunCommand(job + " --num-epochs 2 --run-name whole");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("beta 0.04; reference: the initial weights"), std::string::npos) << r.out;
+  const auto whole = test::MetricsRecords(dir + "/whole", "step");
+  ASSERT_EQ(whole.size(), 8u);  // 16 prompts, 2 a worker a step on 2 workers, 2 epochs
+  EXPECT_EQ(whole[0]["kl"].get<double>(), 0.0) << whole[0].dump();
+  for (size_t i = 1; i < whole.size(); ++i)
+    EXPECT_GT(whole[i]["kl"].get<double>(), 0.0) << "step " << i + 1 << ": " << whole[i].dump();
+  r = test::RunCommand(job + " --num-epochs 1 --run-name part");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::RunCommand(job + " --num-epochs 2 --run-name part --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto part = test::MetricsRecords(dir + "/part", "step");
+  ASSERT_EQ(part.size(), 8u) << "epoch 1's steps, then the resumed run's";
+  for (size_t i = 4; i < 8; ++i)
+    EXPECT_EQ(part[i]["kl"].get<double>(), whole[i]["kl"].get<double>()) << "step " << i + 1;
+  const std::string a = test::NewestCheckpoint(dir + "/whole"),
+                    b = test::NewestCheckpoint(dir + "/part");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_TRUE(test::ReadFile(a + "/model.safetensors") == test::ReadFile(b + "/model.safetensors"))
+      << "the resumed run's weights differ from the uninterrupted run's";
+}
+
+// The value of a --dry-run plan row ("  <what>   <MiB> MiB"), -1 if absent.
+double PlanRowMiB(const std::string& out, const std::string& what) {
+  const size_t at = out.find("  " + what + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(out.substr(out.find_first_of("0123456789", at + 2 + what.size())));
+}
+
+// The memory plan counts the reference shard where one is kept (full fine-tuning with a KL
+// term), as many bytes as the parameters' shard, and not where the base is the reference.
+TEST(Grpo, DryRunCountsTheReferenceShard) {
+  const std::string dir = test::TempDir("grpo_plan");
+  ASSERT_FALSE(dir.empty());
+  const std::string job = Job(dir) + " --reward exact:answer --topology 2 --dry-run";
+  const test::Ran full = test::RunCommand(job + " --beta 0.04");
+  ASSERT_EQ(full.code, 0) << full.out;
+  const double params = PlanRowMiB(full.out, "parameters (fp32 shard)"),
+               reference = PlanRowMiB(full.out, "GRPO reference (fp32 shard)");
+  EXPECT_GT(params, 0) << full.out;
+  EXPECT_EQ(reference, params) << full.out;
+  const test::Ran none = test::RunCommand(job + " --beta 0");
+  ASSERT_EQ(none.code, 0) << none.out;
+  EXPECT_EQ(PlanRowMiB(none.out, "GRPO reference (fp32 shard)"), -1) << none.out;
+  EXPECT_NEAR(PlanRowMiB(full.out, "total") - PlanRowMiB(none.out, "total"), reference, 0.2);
+  const test::Ran lora = test::RunCommand(job + " --beta 0.04 --lora-rank 4");
+  ASSERT_EQ(lora.code, 0) << lora.out;
+  EXPECT_EQ(PlanRowMiB(lora.out, "GRPO reference (fp32 shard)"), -1) << lora.out;
+}
+
 // Multi-turn end to end: a tiny model fine-tuned (SFT, gemma-chat) until it ends its turns,
 // then GRPO with an environment program that answers each first model turn with "Again?" and
 // ends the episode after the second: the logged completions are episodes of

@@ -439,6 +439,7 @@ Status Run(FinetuneArgs& a, int* exit_code) {
         shape.rollout_bytes = GrpoSamplerBytes(
             *cfg, registry, trainable.mask, a.o.max_seq_len, a.o.max_completion_length,
             a.o.batch_size_per_device * a.o.gradient_accumulation_steps, a.o.num_generations, p);
+        shape.reference_shards = GrpoKeepsReferenceShards(a.o);
       }
       if (from_dir && a.o.objective == "sft") {  // a multimodal model on an image set
         StatusOr<std::unique_ptr<vision::ImageEncoder>> encoder =

@@ -112,6 +112,21 @@ void FsdpModel::Load() {
   MasterChanged();
 }
 
+void FsdpModel::KeepReference() {
+  ST_CHECK(!using_reference_);
+  reference_ = master_;
+}
+
+void FsdpModel::UseReference(bool on) {
+  ST_CHECK(!reference_.empty());
+  if (on == using_reference_) return;
+  // A prefetched gather may still read the shard being swapped out.
+  for (Slot* s : {&root_, &slots_[0], &slots_[1]}) Wait(s->gather);
+  master_.swap(reference_);
+  using_reference_ = on;
+  MasterChanged();
+}
+
 Status FsdpModel::GatherFull(float* full) {
   std::vector<float> gathered;
   for (const Unit& u : units_) {

@@ -108,6 +108,15 @@ class FsdpModel : public ParamHooks {
   void OptimizerStep(const AdamWConfig& cfg, int64_t step);
   // Call after writing master() directly (a resumed checkpoint): gathered copies are stale.
   void MasterChanged() { root_.unit = slots_[0].unit = slots_[1].unit = -1; }
+  // A frozen reference (GRPO's KL term when the trained tensors themselves move): KeepReference
+  // copies this rank's master shard as it is now (call it after Load, before a resume overwrites
+  // the master); UseReference(true) makes the forwards that follow run on that copy and
+  // UseReference(false) brings the trained values back. Swaps two buffers, nothing is copied;
+  // no step (backward, optimizer) may run while the reference is in use.
+  void KeepReference();
+  void UseReference(bool on);
+  bool has_reference() const { return !reference_.empty(); }
+  size_t ReferenceBytes() const { return reference_.size() * sizeof(float); }
 
   // Sharded state, for checkpoints: master weights, gradients, AdamW moments ([shard_size()]).
   int64_t shard_size() const { return shard_total_; }
@@ -171,6 +180,8 @@ class FsdpModel : public ParamHooks {
   std::vector<Unit> units_;  // [0] root, [l + 1] layer l's MLP or layer
   int64_t shard_total_ = 0;
   std::vector<float> master_, grad_, exp_avg_, exp_avg_sq_;  // [shard_total_]
+  std::vector<float> reference_;  // [shard_total_] after KeepReference, else empty
+  bool using_reference_ = false;  // master_ holds the reference (the trained values in reference_)
   const WeightSource& weights_;
   FrozenWeights frozen_;                            // frozen tensors and buffers
   std::vector<int> unit_of_entry_, index_in_unit_;  // [entry]: for GatherTensor

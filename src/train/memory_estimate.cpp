@@ -108,6 +108,9 @@ WorkerMemoryEstimate EstimateWorkerMemory(const Gemma4Config& config, const Para
   if (e.rollout > 0)
     e.terms.push_back(
         {"GRPO sampler (the policy's weights for decoding, the batch's KV cache)", e.rollout});
+  e.reference = shape.reference_shards ? e.params : 0;
+  if (e.reference > 0)
+    e.terms.push_back({"GRPO reference (the starting fp32 shard, --beta > 0)", e.reference});
   e.vision = shape.vision_bytes;
   if (e.vision > 0)
     e.terms.push_back(
@@ -161,6 +164,10 @@ Status CheckHostMemory(const WorkerMemoryEstimate& estimate, int local_workers,
         "decode fewer sequences together (lower --batch-size-per-device or "
         "--gradient-accumulation-steps), shorter completions (--max-completion-length), or "
         "bf16 weights for sampling (--precision bf16)";
+  else if (what.find("GRPO reference") != std::string::npos)
+    advice =
+        "take the KL term's reference from the base with adapters (--lora-rank 16), or drop it "
+        "(--beta 0, TRL's default), or shard over more hosts";
   else if (what.find("vision tower") != std::string::npos)
     advice =
         "fewer image tokens a step (lower --max-seq-len or --batch-size-per-device), or train the "
@@ -213,6 +220,7 @@ std::string FormatMemoryPlan(const WorkerMemoryEstimate& e, const WorkerShape& s
   row("gathered units", e.gathered_units);
   if (e.accumulation > 0) row("gradient accumulation (unsharded)", e.accumulation);
   if (e.rollout > 0) row("GRPO sampler (weights, KV cache)", e.rollout);
+  if (e.reference > 0) row("GRPO reference (fp32 shard)", e.reference);
   row("frozen tensors in fp32", e.frozen_fp32);
   if (e.vision > 0) row("vision tower (with images)", e.vision);
   row("activations", e.activations);

@@ -41,6 +41,7 @@ struct WorkerMemoryEstimate {
   double accumulation = 0;  // --gradient-accumulation-steps > 1: unsharded gradients
   double rollout = 0;       // GRPO's sampler (WorkerShape::rollout_bytes)
   double vision = 0;        // the vision tower (WorkerShape::vision_bytes)
+  double reference = 0;     // GRPO's reference shard (WorkerShape::reference_shards)
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   // Frozen elements never copied (the per-layer table when frozen): read from the checkpoint's
   // mapped files, or generated for a preset.
@@ -68,6 +69,9 @@ struct WorkerShape {
   // A multimodal model's vision tower once a batch has an image (vision::TowerWorkingBytes; 0 for
   // a text model or an objective that reads no images).
   double vision_bytes = 0;
+  // GRPO with --beta > 0 on moving trained tensors keeps the starting fp32 shard as the KL
+  // reference (GrpoKeepsReferenceShards): one more parameters' shard.
+  bool reference_shards = false;
 };
 
 // One worker of shape.world with a per-worker batch of shape.batch x shape.seq tokens.

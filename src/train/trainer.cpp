@@ -189,6 +189,10 @@ BatchingOptions BatchingOf(const FinetuneOptions& o, int32_t pad_id) {
   return b;
 }
 
+bool GrpoKeepsReferenceShards(const FinetuneOptions& o) {
+  return o.objective == "grpo" && o.beta != 0 && (o.lora_rank <= 0 || !o.modules_to_save.empty());
+}
+
 DatasetOptions DatasetOf(const FinetuneOptions& o) {
   DatasetOptions d;
   d.path = o.dataset;
@@ -218,11 +222,6 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
       return InvalidArgument(
           "--objective grpo trains one completion a row, padded to the longest: drop "
           "--packing split, --padding and --group-by-length");
-    if (o.beta > 0 && (o.lora_rank <= 0 || !o.modules_to_save.empty()))
-      return InvalidArgument(
-          "--objective grpo with --beta > 0 needs a reference: with --lora-rank (and no "
-          "--modules-to-save) it is the base with the adapters off; full fine-tuning keeps no "
-          "second model (use --beta 0, TRL's default)");
     if (o.save_steps % o.num_iterations != 0)
       return InvalidArgument(StrCat("--save-steps ", o.save_steps,
                                     " must be a multiple of --num-iterations ", o.num_iterations,
@@ -714,6 +713,11 @@ Status Trainer::CreateGrpo() {
   g->config = in_.model.config;
   g->precision = cpu::ResolvePrecision(o_.precision).value();
   g->reference_is_base = o_.lora_rank > 0;
+  if (GrpoKeepsReferenceShards(o_)) {
+    // Before Start: a resumed run's master is read after this, so the copy is the starting model.
+    fsdp_.KeepReference();
+    g->reference_in_fsdp = true;
+  }
   g->log_completions = o_.log_completions;
   if (!o_.environment_command.empty()) {
     ST_ASSIGN_OR_RETURN(g->environment,
@@ -755,10 +759,16 @@ SetupSummary Trainer::Summary() const {
   s.untrained = in_.data.examples.untrained;
   if (grpo_) {
     const GrpoOptions& g = grpo_->options;
-    s.objective = StrCat("grpo (", g.loss_type, ", beta ", g.beta, ", ", g.num_generations,
-                         " completions a prompt of at most ", g.max_completion_length,
-                         " tokens, temperature ", o_.temperature, ", ", grpo_->rewards.size(),
-                         " reward function", grpo_->rewards.size() == 1 ? "" : "s", ")");
+    const std::string reference = g.beta == 0 ? std::string()
+                                  : grpo_->reference_in_fsdp
+                                      ? "; reference: the initial weights, a copy of each shard"
+                                  : grpo_->reference_is_base ? "; reference: the base, adapters off"
+                                                             : "";
+    s.objective =
+        StrCat("grpo (", g.loss_type, ", beta ", g.beta, reference, ", ", g.num_generations,
+               " completions a prompt of at most ", g.max_completion_length,
+               " tokens, temperature ", o_.temperature, ", ", grpo_->rewards.size(),
+               " reward function", grpo_->rewards.size() == 1 ? "" : "s", ")");
     s.dropped = in_.data.prompts.dropped;
   }
   if (objective_) {

@@ -231,6 +231,9 @@ BatchingOptions BatchingOf(const FinetuneOptions& options, int32_t pad_id);
 // The objective flags of a run (each objective's defaults resolved).
 ObjectiveOptions ObjectiveOf(const FinetuneOptions& options);
 GrpoOptions GrpoOf(const FinetuneOptions& options);
+// A GRPO run with a KL term (--beta > 0) whose trained tensors themselves move (full fine-tuning,
+// --modules-to-save): each worker keeps a copy of its starting fp32 shard as the reference.
+bool GrpoKeepsReferenceShards(const FinetuneOptions& options);
 
 // The data set of a run's flags: --dataset, --dataset-split and the field names.
 DatasetOptions DatasetOf(const FinetuneOptions& options);

@@ -296,7 +296,9 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
       const size_t n = static_cast<size_t>(mb.batch.B * mb.batch.T);
       if (o.beta != 0) {
         if (run.reference_is_base) p.engine.SetAdapters(false);
+        if (run.reference_in_fsdp) p.fsdp.UseReference(true);
         s = p.fsdp.Forward(p.engine, BatchOf(mb.batch)).status();
+        if (run.reference_in_fsdp) p.fsdp.UseReference(false);
         p.engine.SetAdapters(true);
         if (!s.ok()) break;
         mb.ref_logp.assign(n, 0.0f);

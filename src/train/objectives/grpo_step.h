@@ -40,7 +40,11 @@ struct GrpoRun {
   Gemma4Config config;
   Precision precision = Precision::kFp32;  // of the decoder's prompt products and its weights
   int64_t max_in_flight = 64;              // sequences decoded together (a multiple of G)
-  bool reference_is_base = false;          // LoRA: the reference is the base (adapters off)
+  // The reference of the KL term (beta > 0) is the model the run started from: with LoRA the
+  // base with the adapters off; when trained tensors themselves move (full fine-tuning,
+  // --modules-to-save) the FSDP shards kept at the start too (FsdpModel::UseReference).
+  bool reference_is_base = false;
+  bool reference_in_fsdp = false;
   int64_t log_completions = 0;             // completions of rank 0 recorded per step (0: none)
   // Multi-turn (--environment-command): the program, and the renderer of its turns (a user turn
   // after the model's, as the chat template continues a conversation); null: one turn.
