@@ -7,7 +7,8 @@
 #   bench/e2b_lora.sh MODEL_DIR
 # Env: SLICETRAIN (binary), RANK (16), TARGETS (q_proj,v_proj), BATCH (1), SEQ (512),
 #      STEPS (steps per worker, 3), CKPT (--activation-checkpointing, layer), OUT=DIR (keep the run),
-#      OBJECTIVE (sft; dpo or orpo train on PAIRS, a preference file, with SEQ tokens a side).
+#      OBJECTIVE (sft; dpo or orpo train on PAIRS, a preference file, with SEQ tokens a side),
+#      PRECISION (--precision of finetune: auto, bf16 or fp32; default auto).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${SLICETRAIN:-$root/build/slicetrain}"
@@ -24,7 +25,7 @@ objective="${OBJECTIVE:-sft}"
 flags=(--model-id "$model" --tokenizer "$tok" --lora-rank "$rank" --lora-target-modules "$targets"
        --batch-size-per-device "$batch" --max-seq-len "$seq" --topology 2
        --activation-checkpointing "$ckpt" --dataset-split "train[:$((2 * batch * steps))]"
-       --num-epochs 1)
+       --num-epochs 1 --precision "${PRECISION:-auto}")
 data=()
 if [ "$objective" != sft ]; then
   [ -n "${PAIRS:-}" ] || { echo "OBJECTIVE=$objective needs PAIRS=FILE (preference pairs)"; exit 2; }
