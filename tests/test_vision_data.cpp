@@ -299,10 +299,9 @@ TEST(VisionChatData, FinetuneLearnsTheImageSet) {
                     b.data(), {48, 8})
           .ok());
   EXPECT_GT(*std::max_element(b.begin(), b.end()), 0.0f);  // B starts at zero: the tower trained
-  const test::Ran eval =
-      test::RunCommand(std::string(ST_BINARY) + " evaluate --model-id " + kModel + " --adapter " +
-                       ckpt + " --dataset " + kDir +
-                       "/data/train.jsonl --max-seq-len 256 --precision fp32 --json");
+  const test::Ran eval = test::RunCommand(
+      std::string(ST_BINARY) + " evaluate --model-id " + kModel + " --adapter " + ckpt +
+      " --dataset " + kDir + "/data/train.jsonl --max-seq-len 256 --precision fp32 --json");
   ASSERT_EQ(eval.code, 0) << eval.out;
   const nlohmann::json j = nlohmann::json::parse(eval.out.substr(eval.out.rfind('{')));
   // The run's eval computes with the trained tensors gathered in bf16 (FSDP's param_dtype, as the
@@ -330,10 +329,9 @@ TEST(VisionChatData, FinetuneLearnsTheImageSet) {
   }
   EXPECT_EQ(merged->tensors().size(), base->tensors().size());
   EXPECT_TRUE(std::filesystem::exists(dir + "/merged/processor_config.json"));
-  const test::Ran merged_eval =
-      test::RunCommand(std::string(ST_BINARY) + " evaluate --model-id " + dir +
-                       "/merged --dataset " + kDir +
-                       "/data/train.jsonl --max-seq-len 256 --precision fp32 --json");
+  const test::Ran merged_eval = test::RunCommand(
+      std::string(ST_BINARY) + " evaluate --model-id " + dir + "/merged --dataset " + kDir +
+      "/data/train.jsonl --max-seq-len 256 --precision fp32 --json");
   ASSERT_EQ(merged_eval.code, 0) << merged_eval.out;
   const nlohmann::json m =
       nlohmann::json::parse(merged_eval.out.substr(merged_eval.out.rfind('{')));

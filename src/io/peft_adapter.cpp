@@ -395,9 +395,9 @@ Status AttachLora(LoadedModel* model, const LoraSpec& spec, uint64_t seed,
       ST_ASSIGN_OR_RETURN(saves_projection,
                           vision::VisionTower::SavesProjection(vc, c.modules_to_save));
     }
-    ST_ASSIGN_OR_RETURN(adapters, PeftAdapterWeights::Open(adapter_dir, reg,
-                                                           TextPrefixFor(model->config),
-                                                           tower_modules, saves_projection));
+    ST_ASSIGN_OR_RETURN(adapters,
+                        PeftAdapterWeights::Open(adapter_dir, reg, TextPrefixFor(model->config),
+                                                 tower_modules, saves_projection));
   }
   model->weights =
       std::make_unique<LoraWeights>(reg, std::move(model->weights), seed, std::move(adapters));

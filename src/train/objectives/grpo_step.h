@@ -45,7 +45,7 @@ struct GrpoRun {
   // --modules-to-save) the FSDP shards kept at the start too (FsdpModel::UseReference).
   bool reference_is_base = false;
   bool reference_in_fsdp = false;
-  int64_t log_completions = 0;             // completions of rank 0 recorded per step (0: none)
+  int64_t log_completions = 0;  // completions of rank 0 recorded per step (0: none)
   // Multi-turn (--environment-command): the program, and the renderer of its turns (a user turn
   // after the model's, as the chat template continues a conversation); null: one turn.
   std::unique_ptr<Environment> environment;
