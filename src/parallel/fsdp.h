@@ -115,8 +115,6 @@ class FsdpModel : public ParamHooks {
   // no step (backward, optimizer) may run while the reference is in use.
   void KeepReference();
   void UseReference(bool on);
-  bool has_reference() const { return !reference_.empty(); }
-  size_t ReferenceBytes() const { return reference_.size() * sizeof(float); }
 
   // Sharded state, for checkpoints: master weights, gradients, AdamW moments ([shard_size()]).
   int64_t shard_size() const { return shard_total_; }
