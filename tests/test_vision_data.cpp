@@ -514,6 +514,14 @@ TEST(VisionChatData, ModulesToSaveTrainsTheProjection) {
   EXPECT_NEAR(nlohmann::json::parse(merged.out.substr(merged.out.rfind('{')))["loss"].get<double>(),
               loss, 1e-5 * loss)
       << merged.out;
+  // A GGUF file holds the text model only: the export says the trained projection stays behind.
+  const test::Ran gguf =
+      test::RunCommand(std::string(ST_BINARY) + " export --model-id " + kModel + " --adapter " +
+                       ckpt + " --format gguf --quant f16 " + "--output " + dir + "/m.gguf");
+  ASSERT_EQ(gguf.code, 0) << gguf.out;
+  EXPECT_NE(gguf.out.find("the adapter's trained vision projection is not in this GGUF file"),
+            std::string::npos)
+      << gguf.out;
   // The same file under a config that does not list the projection: its copy would be read by
   // nobody, so the adapter is refused with one line naming the tensor.
   const std::string unlisted = dir + "/unlisted";

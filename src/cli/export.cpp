@@ -27,13 +27,18 @@ void NoteTowerAdapters(const std::string& model_id, const std::string& adapter) 
   StatusOr<vision::VisionConfig> c = vision::ReadVisionConfig(model_id);
   StatusOr<PeftAdapterConfig> a = ReadPeftAdapterConfig(adapter);
   if (!c.ok() || !a.ok()) return;
-  StatusOr<std::vector<int>> slots = vision::VisionTower::SelectLoraSlots(*c, a->targets);
-  if (!slots.ok() || slots->empty()) return;
+  StatusOr<vision::VisionTower::AdaptedParts> parts =
+      vision::VisionTower::PartsOf(*c, a->targets, a->modules_to_save);
+  if (!parts.ok() || !parts->any()) return;
+  const std::string what =
+      parts->slots.empty() ? std::string("trained vision projection")
+                           : StrCat("LoRA on ", parts->slots.size(), " vision tower linears",
+                                    parts->projection ? " and its trained vision projection" : "");
   std::fprintf(stderr,
-               "Note: the adapter's LoRA on %zu vision tower linears is not in this GGUF file: it "
-               "holds the text model (llama.cpp reads a vision tower from a separate mmproj "
-               "file); --format hf exports the whole model with them merged\n",
-               slots->size());
+               "Note: the adapter's %s is not in this GGUF file: it holds the text model "
+               "(llama.cpp reads a vision tower from a separate mmproj file); --format hf exports "
+               "the whole model with them merged\n",
+               what.c_str());
 }
 
 namespace fs = std::filesystem;
