@@ -9,6 +9,7 @@
 #include "bench_util.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/ref/attention_probs.h"
@@ -176,7 +177,7 @@ BENCHMARK(BM_SoftcapCrossEntropy)->Unit(benchmark::kMillisecond);
 // fp32, bf16 or Q8_0 (format 0, 1, 2). bytes/s counts the matrix's bytes per call, so formats
 // compare by time for the same matrix.
 void BM_DecodeProduct(benchmark::State& s) {
-  const int64_t in = 1536, out = 8 * 6144, rows = s.range(1);
+  const int64_t in = s.range(2), out = 8 * 6144 * 1536 / in, rows = s.range(1);
   const int format = static_cast<int>(s.range(0));
   const std::vector<float> w = Rand(out * in, 6), x = Rand(rows * in, 7);
   std::vector<uint16_t> w16(w.size());
@@ -184,12 +185,14 @@ void BM_DecodeProduct(benchmark::State& s) {
   // 2-5: Q8_0, Q4_0, Q4_K, Q6_K weights with x rounded to int8 blocks (the decoder's block
   // products).
   static const GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kQ8_0,
-                                    GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+                                    GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K,
+                                    GgmlType::kQ8_0, GgmlType::kQ8_0};
   const GgmlType qtype = kTypes[format];
   const size_t q_row = GgmlRowBytes(qtype, in);
   std::vector<uint8_t> q(out * q_row);
   for (int64_t o = 0; o < out; ++o) QuantizeRow(qtype, w.data() + o * in, in, q.data() + o * q_row);
   std::vector<float> y(rows * out), scratch(cpu::Bf16ScratchFloats(in));
+  std::vector<uint16_t> x16(rows * in);
   double bytes = 0;
   for (auto _ : s) {
     if (format == 0) {
@@ -204,21 +207,31 @@ void BM_DecodeProduct(benchmark::State& s) {
       else
         cpu::LinearForwardFew(x.data(), w16.data(), y.data(), rows, in, out);
       bytes = 2.0 * in * out;
+    } else if (format == 6) {
+      cpu::RoundToBf16(x.data(), rows, in, in, x16.data());
+      cpu::LinearForwardFewBf16(x16.data(), w16.data(), y.data(), rows, in, out);
+      bytes = 2.0 * in * out;
+    } else if (format == 7) {
+      cpu::RoundToBf16(x.data(), rows, in, in, x16.data());
+      cpu::GemmBf16(cpu::Trans::kNo, cpu::Trans::kYes, rows, out, in, 1.0f, x16.data(), in,
+                    w16.data(), in, 0.0f, y.data(), out);
+      bytes = 2.0 * in * out;
     } else {
       cpu::LinearForwardBlocksInt8(qtype, x.data(), q.data(), y.data(), rows, in, out);
       bytes = double(q.size());
     }
   }
-  static const char* kLabels[] = {"fp32",        "bf16",        "q8_0 x int8",
-                                  "q4_0 x int8", "q4_k x int8", "q6_k x int8"};
+  static const char* kLabels[] = {
+      "fp32",        "bf16",        "q8_0 x int8", "q4_0 x int8",
+      "q4_k x int8", "q6_k x int8", "bf16 x bf16", "bf16 x bf16 oneDNN"};
   s.SetLabel(kLabels[format]);
   s.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   s.counters["FLOP/s"] =
       benchmark::Counter(2.0 * rows * in * out, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DecodeProduct)
-    ->ArgNames({"format", "rows"})
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 8}})
+    ->ArgNames({"format", "rows", "in"})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 8}, {1536, 512}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

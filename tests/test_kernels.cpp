@@ -1,6 +1,7 @@
 // Fast CPU kernels against the naive reference on random shapes (odd sizes included), the fast
 // math against libm, and finite differences for every reference backward.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -837,7 +838,10 @@ TEST(FiniteDifference, Embedding) {
 // The batched decoder's few-row product (cpu::LinearForwardFew): every row count from 2 to
 // kFewRows, widths that are and are not multiples of 16 (the AVX-512 path and the plain one),
 // an odd number of output rows, fp32 and bf16 weights, against double-precision dot products
-// (tolerance 1e-5 relative to the sum of |terms|: fp32 accumulation over `in` terms).
+// (tolerance 1e-5 relative to the sum of |terms|: fp32 accumulation over `in` terms). The same for
+// the bf16 x bf16 product (cpu::LinearForwardFewBf16: VDPBF16PS where the CPU has AVX512-BF16,
+// with a masked tail when `in` is not a multiple of 32) from one row up, against the dot products
+// of the bf16 values (a product of two bf16 values is exact in fp32).
 TEST(Kernels, FewRowProductEqualsTheDotProducts) {
   for (const int64_t in : {48, 37, 512}) {
     const int64_t out = 23;
@@ -848,25 +852,88 @@ TEST(Kernels, FewRowProductEqualsTheDotProducts) {
       w16[i] = FloatToBF16(w[i]);
       w_rounded[i] = BF16ToFloat(w16[i]);
     }
-    for (int64_t N = 2; N <= cpu::kFewRows; ++N) {
+    for (int64_t N = 1; N <= cpu::kFewRows; ++N) {
       const std::vector<float> x = RandomVec(N * in, 4 + N);
-      std::vector<float> y(N * out), y16(N * out);
-      cpu::LinearForwardFew(x.data(), w.data(), y.data(), N, in, out);
-      cpu::LinearForwardFew(x.data(), w16.data(), y16.data(), N, in, out);
+      std::vector<uint16_t> x16(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x16[i] = FloatToBF16(x[i]);
+      std::vector<float> y(N * out), y16(N * out), ybb(N * out);
+      if (N > 1) {
+        cpu::LinearForwardFew(x.data(), w.data(), y.data(), N, in, out);
+        cpu::LinearForwardFew(x.data(), w16.data(), y16.data(), N, in, out);
+      }
+      cpu::LinearForwardFewBf16(x16.data(), w16.data(), ybb.data(), N, in, out);
       for (int64_t t = 0; t < N; ++t)
         for (int64_t o = 0; o < out; ++o) {
-          double want = 0, want16 = 0, mag = 0;
+          double want = 0, want16 = 0, want_bb = 0, mag = 0;
           for (int64_t j = 0; j < in; ++j) {
             want += static_cast<double>(x[t * in + j]) * w[o * in + j];
             want16 += static_cast<double>(x[t * in + j]) * w_rounded[o * in + j];
+            want_bb += static_cast<double>(BF16ToFloat(x16[t * in + j])) * w_rounded[o * in + j];
             mag += std::abs(static_cast<double>(x[t * in + j]) * w[o * in + j]);
           }
+          EXPECT_NEAR(ybb[t * out + o], want_bb, 1e-5 * mag)
+              << in << " " << N << " " << t << " " << o;
+          if (N == 1) continue;
           EXPECT_NEAR(y[t * out + o], want, 1e-5 * mag) << in << " " << N << " " << t << " " << o;
           EXPECT_NEAR(y16[t * out + o], want16, 1e-5 * mag)
               << in << " " << N << " " << t << " " << o;
         }
     }
   }
+}
+
+// The decoder's attention (cpu::DecodeAttention): rows at different positions, each over its own
+// ring of keys and values, with and without a sliding window (the window's keys wrapping around
+// the ring's end), two query heads per kv head, head widths on the AVX-512 path (64) and off it
+// (24): against the softmax-weighted sums in double precision.
+TEST(Kernels, DecodeAttentionEqualsTheSoftmaxOverEachRowsRing) {
+  const int64_t H = 4, Hkv = 2, G = H / Hkv;
+  struct Case {
+    int64_t slots, window;
+    std::vector<int32_t> pos;
+  };
+  for (const int64_t D : {64, 24})
+    for (const Case& c : {Case{12, 0, {0, 5, 11}}, Case{5, 4, {3, 10, 13}}}) {
+      const int64_t n = static_cast<int64_t>(c.pos.size()), row = Hkv * D;
+      const int64_t span = c.window > 0 ? c.window : c.slots;
+      std::vector<std::vector<float>> K, V;
+      std::vector<const float*> kp, vp;
+      for (int64_t t = 0; t < n; ++t) {
+        K.push_back(RandomVec(c.slots * row, 50 + t));
+        V.push_back(RandomVec(c.slots * row, 60 + t));
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        kp.push_back(K[t].data());
+        vp.push_back(V[t].data());
+      }
+      const std::vector<float> q = RandomVec(n * H * D, 70, 0.5f);
+      std::vector<float> out(n * H * D, -1.0f);
+      std::vector<float> scratch(omp_get_max_threads() * G * span);
+      cpu::DecodeAttention(q.data(), out.data(), n, H, Hkv, D, kp.data(), vp.data(), c.pos.data(),
+                           c.slots, c.window, span, scratch.data());
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t p = c.pos[t],
+                        lo = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
+          std::vector<double> w;
+          double m = -1e300, sum = 0;
+          for (int64_t k = lo; k <= p; ++k) {
+            const float* kr = K[t].data() + (k % c.slots) * row + (h / G) * D;
+            double dot = 0;
+            for (int64_t j = 0; j < D; ++j) dot += double(q[(t * H + h) * D + j]) * kr[j];
+            w.push_back(dot);
+            m = std::max(m, dot);
+          }
+          for (double& x : w) sum += (x = std::exp(x - m));
+          for (int64_t j = 0; j < D; ++j) {
+            double want = 0;
+            for (int64_t k = lo; k <= p; ++k)
+              want += w[k - lo] / sum * V[t][(k % c.slots) * row + (h / G) * D + j];
+            EXPECT_NEAR(out[(t * H + h) * D + j], want, 1e-5)
+                << "D " << D << " window " << c.window << " row " << t << " head " << h;
+          }
+        }
+    }
 }
 
 // Runtime ISA dispatch (kernels/cpu/isa_kernels.h): a cap picks that level's kernels, every level
@@ -882,17 +949,21 @@ TEST(KernelIsa, EveryLevelThisCpuRunsAgreesWithTheBest) {
   for (size_t i = 0; i < w.size(); ++i) w16[i] = FloatToBF16(w[i]);
   const std::vector<float> a = RandomVec(n, 33, 3.0f), b = RandomVec(n, 34);
   struct Outputs {
-    std::vector<float> few, few16, gemv16, gelu;
+    std::vector<float> few, few16, few_bb, gemv16, gelu;
   };
+  std::vector<uint16_t> x16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x16[i] = FloatToBF16(x[i]);
   auto run = [&] {
     Outputs o;
     o.few.resize(N * out);
     o.few16.resize(N * out);
+    o.few_bb.resize(N * out);
     o.gemv16.resize(out);
     o.gelu.resize(n);
     std::vector<float> scratch(cpu::Bf16ScratchFloats(in));
     cpu::LinearForwardFew(x.data(), w.data(), o.few.data(), N, in, out);
     cpu::LinearForwardFew(x.data(), w16.data(), o.few16.data(), N, in, out);
+    cpu::LinearForwardFewBf16(x16.data(), w16.data(), o.few_bb.data(), N, in, out);
     cpu::LinearForwardBf16(x.data(), w16.data(), o.gemv16.data(), 1, in, out, scratch.data());
     cpu::GeluMulForward(a.data(), b.data(), o.gelu.data(), n);
     return o;
@@ -908,6 +979,7 @@ TEST(KernelIsa, EveryLevelThisCpuRunsAgreesWithTheBest) {
     for (size_t i = 0; i < want.few.size(); ++i) {
       EXPECT_NEAR(got.few[i], want.few[i], tol) << cpu::KernelIsaName(isa) << " " << i;
       EXPECT_NEAR(got.few16[i], want.few16[i], tol) << cpu::KernelIsaName(isa);
+      EXPECT_NEAR(got.few_bb[i], want.few_bb[i], tol) << cpu::KernelIsaName(isa);
     }
     for (size_t i = 0; i < want.gemv16.size(); ++i)
       EXPECT_NEAR(got.gemv16[i], want.gemv16[i], tol) << cpu::KernelIsaName(isa);

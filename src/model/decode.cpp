@@ -208,6 +208,16 @@ double DecodeFlopsPerToken(const Gemma4Config& cfg, const ParamRegistry& reg, in
   return 2.0 * n + attn;
 }
 
+namespace {
+// The most query heads sharing one kv head in any layer (DecodeAttention's scores per task).
+int64_t MaxQueryGroup(const Gemma4Config& cfg) {
+  int64_t g = 1;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    g = std::max(g, cfg.num_attention_heads / cfg.KvHeads(i));
+  return g;
+}
+}  // namespace
+
 double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t chunk,
                             int64_t batch) {
   double n = 0;
@@ -230,7 +240,8 @@ double Gemma4Decoder::Bytes(const Gemma4Config& cfg, int64_t capacity, int64_t c
   n += static_cast<double>(rows) *
        static_cast<double>(3 * d + 4 * H * Dmax + 2 * widest + 3 * LP + d + H + 8);
   if (batch > 1) n += static_cast<double>(batch * cfg.vocab_size);  // a step's logits
-  n += static_cast<double>(omp_get_max_threads()) * static_cast<double>(capacity);
+  n += static_cast<double>(omp_get_max_threads() * MaxQueryGroup(cfg)) *
+       static_cast<double>(capacity);  // attention scores
   n += static_cast<double>(cpu::Bf16ScratchFloats(std::max({d, H * Dmax, widest})));
   return n * sizeof(float);
 }
@@ -288,7 +299,8 @@ Gemma4Decoder::Gemma4Decoder(const Gemma4Config& cfg, const ParamRegistry& reg,
   ple_tok_.resize(c * L * P);
   rstd_.resize(c * std::max(L, H));
   pg_.resize(c * std::max<int64_t>(P, 1));
-  scores_.resize(static_cast<size_t>(omp_get_max_threads()) * capacity_);
+  scores_.resize(static_cast<size_t>(omp_get_max_threads() * MaxQueryGroup(cfg_) * capacity_));
+  kv_rows_.resize(static_cast<size_t>(2 * rows_));
   if (w_.storage() == DType::kBF16)
     widen_.resize(static_cast<size_t>(
         cpu::Bf16ScratchFloats(std::max({d, H * Dmax, widest, std::max<int64_t>(P, 1)}))));
@@ -505,43 +517,15 @@ void Gemma4Decoder::Layer(int64_t i, int64_t n) {
 
 void Gemma4Decoder::Attend(int64_t i, const float* q, float* o, int64_t n) {
   const int64_t src = cfg_.KvSourceLayer(i);
-  const int64_t H = cfg_.num_attention_heads, D = cfg_.HeadDim(i), Hkv = cfg_.KvHeads(i);
-  const int64_t group = H / Hkv, slots = slots_[src];
   const int64_t window = cfg_.layer_types[i] == LayerType::kSliding ? cfg_.sliding_window : 0;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (n * H > 1)
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t hh = 0; hh < H; ++hh) {
-      float* s = scores_.data() + static_cast<size_t>(omp_get_thread_num()) * capacity_;
-      const int64_t p = pos_[static_cast<size_t>(t)], b = seq_[static_cast<size_t>(t)];
-      const float* K = Keys(i, b);
-      const float* V = Values(i, b);
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      const float* qr = q + (t * H + hh) * D;
-      const int64_t kvh = hh / group;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t kp = lo; kp <= p; ++kp) {
-        const float* kr = K + ((kp % slots) * Hkv + kvh) * D;
-        float dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < D; ++j) dot += qr[j] * kr[j];
-        s[kp - lo] = dot;
-        m = std::max(m, dot);
-      }
-      float sum = 0;
-      for (int64_t kp = lo; kp <= p; ++kp) {
-        s[kp - lo] = std::exp(s[kp - lo] - m);
-        sum += s[kp - lo];
-      }
-      float* out = o + (t * H + hh) * D;
-      std::fill(out, out + D, 0.0f);
-      const float inv = 1.0f / sum;
-      for (int64_t kp = lo; kp <= p; ++kp) {
-        const float* vr = V + ((kp % slots) * Hkv + kvh) * D;
-        const float w = s[kp - lo] * inv;
-#pragma omp simd
-        for (int64_t j = 0; j < D; ++j) out[j] += w * vr[j];
-      }
-    }
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t b = seq_[static_cast<size_t>(t)];
+    kv_rows_[static_cast<size_t>(t)] = Keys(i, b);
+    kv_rows_[static_cast<size_t>(rows_ + t)] = Values(i, b);
+  }
+  cpu::DecodeAttention(q, o, n, cfg_.num_attention_heads, cfg_.KvHeads(i), cfg_.HeadDim(i),
+                       kv_rows_.data(), kv_rows_.data() + rows_, pos_.data(), slots_[src], window,
+                       capacity_, scores_.data());
 }
 
 void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t in, int64_t out,
@@ -552,11 +536,17 @@ void Gemma4Decoder::Linear(int e, const float* x, float* y, int64_t n, int64_t i
     return;
   }
   if (n > 1 && n <= cpu::kFewRows && (w_.f32(e) || !w_.rows(e))) {
-    // A batched step (or a short chunk): each weight row read once for the n rows.
-    if (const float* w = w_.f32(e))
+    // A batched step (or a short chunk): each weight row read once for the n rows; under bf16
+    // precision x is rounded to bf16 as for a prompt chunk's product, and the products are bf16
+    // dot products (VDPBF16PS), which halve the widening kernel's instructions.
+    if (const float* w = w_.f32(e)) {
       cpu::LinearForwardFew(x, w, y, n, in, out);
-    else
+    } else if (precision_ == Precision::kBf16) {
+      cpu::RoundToBf16(x, n, in, in, x16_.data());
+      cpu::LinearForwardFewBf16(x16_.data(), w_.bf16(e), y, n, in, out);
+    } else {
       cpu::LinearForwardFew(x, w_.bf16(e), y, n, in, out);
+    }
     if (alpha != 1.0f) cpu::Scale(y, alpha, n * out);
     return;
   }

@@ -184,8 +184,9 @@ class Gemma4Decoder {
   // Scratch for one pass of n <= rows_ tokens.
   std::vector<float> x_, h_, q_, k_, v_, o_, a_, gate_, up_, pg_, rstd_;
   std::vector<float> ple_, proj_, ple_tok_;  // per-layer inputs [L, n, P]; [n, L*P] twice
-  std::vector<float> scores_;                // [threads, capacity] attention scores
-  std::vector<float> widen_;                 // [kBf16Rows, widest input] bf16 rows widened
+  std::vector<float> scores_;  // [threads, max query heads per kv head, capacity] attention scores
+  std::vector<const float*> kv_rows_;  // a pass's rows' key caches, then their value caches
+  std::vector<float> widen_;           // [kBf16Rows, widest input] bf16 rows widened
   Precision precision_;
   std::vector<uint16_t> x16_;  // bf16 prefill: a pass's input rounded [n, widest input]
   std::vector<int32_t> pos_;   // per row of a pass: its position and its sequence

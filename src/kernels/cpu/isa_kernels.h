@@ -55,6 +55,7 @@ struct KernelTable {
   decltype(&ReserveAttentionScratch) reserve_attention_scratch;
   decltype(&AttentionWorkspaceBytes) attention_workspace_bytes;
   decltype(&LinearForwardBf16) linear_forward_bf16;
+  decltype(&DecodeAttention) decode_attention;
   void (*linear_forward_few_f32)(const float*, const float*, float*, int64_t, int64_t, int64_t);
   void (*linear_forward_few_bf16)(const float*, const uint16_t*, float*, int64_t, int64_t, int64_t);
 };

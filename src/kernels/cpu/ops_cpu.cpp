@@ -163,6 +163,12 @@ void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, i
   Kernels().linear_forward_bf16(x, w, y, N, in, out, scratch);
 }
 
+void DecodeAttention(const float* q, float* out, int64_t n, int64_t H, int64_t Hkv, int64_t D,
+                     const float* const* keys, const float* const* values, const int32_t* pos,
+                     int64_t slots, int64_t window, int64_t span, float* scratch) {
+  Kernels().decode_attention(q, out, n, H, Hkv, D, keys, values, pos, slots, window, span, scratch);
+}
+
 void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64_t in,
                       int64_t out) {
   Kernels().linear_forward_few_f32(x, w, y, N, in, out);

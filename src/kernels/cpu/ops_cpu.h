@@ -37,6 +37,16 @@ inline int64_t Bf16ScratchFloats(int64_t in) {
 void LinearForwardBf16(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                        int64_t out, float* scratch);
 
+// The decoder's attention for n query rows, each over its own sequence's KV cache: row t at
+// position pos[t] sees the keys of positions [lo, pos[t]] (lo = pos[t] - window + 1 when
+// window > 0, else 0), held in a ring of `slots` rows, position p at row p % slots of keys[t] and
+// values[t] ([slots, Hkv, D] each). q and out [n, H, D]; query head h uses kv head h / (H / Hkv);
+// scale 1.0, fp32 softmax. span: the most keys a row sees; scratch: omp_get_max_threads() *
+// (H / Hkv) * span floats.
+void DecodeAttention(const float* q, float* out, int64_t n, int64_t H, int64_t Hkv, int64_t D,
+                     const float* const* keys, const float* const* values, const int32_t* pos,
+                     int64_t slots, int64_t window, int64_t span, float* scratch);
+
 // y[N,out] = x[N,in] . w[out,in]^T for a few rows (2 <= N <= kFewRows), w in fp32 or bf16
 // (widened exactly): each weight row is read once for all N rows of x, which stay in cache. The
 // batched decoder's steps: a GEMM library first copies (packs) the whole weight matrix for a
@@ -45,6 +55,15 @@ constexpr int64_t kFewRows = 16;
 void LinearForwardFew(const float* x, const float* w, float* y, int64_t N, int64_t in, int64_t out);
 void LinearForwardFew(const float* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                       int64_t out);
+
+// The same with x too in bf16 (the caller rounds it, as for GemmBf16) and fp32 sums: the batched
+// decoder's steps under --precision bf16 (kernels/cpu/few_rows_bf16.cpp). VDPBF16PS where
+// HasAvx512Bf16FewRows() (AVX512-BF16 and the x86-64-v4 kernels active): two products per lane
+// and instruction, half the instructions and x bytes of the widening kernel; elsewhere the bf16
+// values widened exactly and multiplied in fp32 (the same result up to the summation order).
+void LinearForwardFewBf16(const uint16_t* x, const uint16_t* w, float* y, int64_t N, int64_t in,
+                          int64_t out);
+bool HasAvx512Bf16FewRows();
 
 // y[N,out] = x[N,in] . w[out,in]^T with w in ggml blocks (Q8_0, Q4_0, Q5_0, Q4_K or Q6_K:
 // HasInt8BlockProduct) and x rounded to int8 blocks of 32 first, as ggml's Q8_0 rounds them (d =
