@@ -150,6 +150,11 @@ Status FsdpModel::GatherTensor(int entry, float* out) {
   const int64_t W = pg_.size(), r = pg_.rank();
   const int64_t begin = u.flat_offset[index_in_unit_[entry]];
   const int64_t numel = reg_.layout.entry(entry).numel, end = begin + numel;
+  if (W == 1) {  // one worker holds every tensor whole: no collective, no staging buffers
+    std::memcpy(out, master_.data() + u.shard_offset + begin,
+                static_cast<size_t>(numel) * sizeof(float));
+    return Status::Ok();
+  }
   // Rank q holds [max(begin, q * shard), min(end, (q + 1) * shard)) of the tensor; every rank
   // sends `piece` floats (its part, zero-padded) and places the others' parts.
   auto part = [&](int64_t q) {
