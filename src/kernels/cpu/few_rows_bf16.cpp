@@ -6,7 +6,8 @@
 // x rows it reloads (eight rows of 2048 floats do not fit L1), not by the weight bytes it
 // streams. VDPBF16PS takes two bf16 products per fp32 lane and instruction and reads x in bf16:
 // half the instructions and half the x bytes. Why not oneDNN's bf16 matmul (GemmBf16): it runs at
-// M = 8, but about 1.6x slower than this on a Zen 4 (docs/grpo.md has the measurement).
+// M = 8, but slower than this on a Zen 4: half the rate on cached weights, about 0.85x streaming
+// them from memory (docs/grpo.md, "Speed", has the measurement).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,8 +23,9 @@ namespace st::cpu {
 namespace {
 
 // The reference semantics: the bf16 values widened exactly to fp32, fp32 products and sums (the
-// result equals VDPBF16PS's up to the summation order). For CPUs without AVX512-BF16, where
-// --precision bf16 is refused anyway (ResolvePrecision), so only tests run it there.
+// result equals VDPBF16PS's up to the summation order). Runs where the CPU lacks AVX512-BF16
+// (there --precision bf16 is refused, ResolvePrecision, so only tests call it) or the kernels are
+// capped below x86-64-v4 (SLICETRAIN_MAX_CPU_ISA).
 void FewRowsBf16Plain(const uint16_t* x, const uint16_t* w, float* y, int64_t N, int64_t in,
                       int64_t out) {
 #pragma omp parallel for schedule(static) if (out * in > (1 << 15))
