@@ -4,7 +4,10 @@
 //   (tests/fixtures/grpo/golden.json from tools/make_grpo_fixtures.py);
 // - batched sampling: G completions per prompt, greedy ones equal to a sequence decoded alone,
 //   stop tokens and truncation as TRL marks them;
-// - a toy task learns end to end: the mean reward rises over a short run on gemma4-tiny.
+// - a toy task learns end to end: the mean reward rises over a short run on gemma4-tiny;
+// - multi-turn episodes with tool calls: Gemma 4's calls parsed as TRL's parse_response does and
+//   the environment's results (and user turns after a call) rendered as the chat template does
+//   (tests/fixtures/tool_turns from tools/make_tool_turn_fixtures.py).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -19,11 +22,16 @@
 #include <thread>
 #include <vector>
 
+#include "data/chat_template.h"
+#include "data/prompts.h"
+#include "data/tokenizer.h"
+#include "data/tool_calls.h"
 #include "model/decode.h"
 #include "model/gemma4.h"
 #include "model/weights.h"
 #include "proc_util.h"
 #include "test_util.h"
+#include "train/environment.h"
 #include "train/objectives/grpo.h"
 #include "train/rollout.h"
 
@@ -630,6 +638,310 @@ TEST(Grpo, BadRewardsAndFlagsAreOneLine) {
   r = test::RunCommand(Job(dir, 6) + " --reward exact:answer");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("not a multiple of --num-generations"), std::string::npos) << r.out;
+}
+
+// ------------------------------------------------------------------ tool calls in episodes
+
+std::vector<int32_t> Ids(const nlohmann::json& j) {
+  return j.get<std::vector<int32_t>>();
+}
+
+// The golden file, its tokenizer and the gemma-chat renderer over it.
+struct ToolFixture {
+  nlohmann::json golden;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<ExampleRenderer> renderer;
+};
+ToolFixture LoadToolFixture() {
+  ToolFixture f;
+  std::ifstream in(ST_FIXTURE_DIR "/tool_turns/golden.json");
+  f.golden = nlohmann::json::parse(in);
+  StatusOr<Tokenizer> tok = Tokenizer::Load(ST_FIXTURE_DIR "/tool_turns");
+  EXPECT_TRUE(tok.ok()) << tok.status().message();
+  if (!tok.ok()) return f;
+  f.tok = std::make_unique<Tokenizer>(*std::move(tok));
+  StatusOr<ExampleRenderer> r =
+      ExampleRenderer::Create(*f.tok, TemplateKind::kGemmaChat, TrainOn::kAll);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  if (r.ok()) f.renderer = std::make_unique<ExampleRenderer>(*std::move(r));
+  return f;
+}
+
+TEST(ToolTurns, CallsParseAsTrlParsesThem) {
+  const ToolFixture fx = LoadToolFixture();
+  ASSERT_TRUE(fx.tok);
+  const nlohmann::json& golden = fx.golden;
+  const Tokenizer* tok = fx.tok.get();
+  const std::optional<ToolCallFormat> f = ToolCallFormat::Of(*tok);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->response_open(), *tok->TokenToId("<|tool_response>"));
+  for (const nlohmann::json& c : golden["cases"]) {
+    const std::vector<int32_t> call = Ids(c["call_ids"]);
+    EXPECT_EQ(f->AssistantMessage(call), c["parsed"]) << c["calls"].dump();
+    // Text before the call stays the message's content; a malformed call makes the turn text.
+    std::vector<int32_t> with_text = tok->Encode("Let me check.", false);
+    with_text.insert(with_text.end(), call.begin(), call.end());
+    nlohmann::json m = f->AssistantMessage(with_text);
+    EXPECT_EQ(m["content"], "Let me check.");
+    EXPECT_EQ(m["tool_calls"], c["parsed"]["tool_calls"]);
+  }
+  std::vector<int32_t> broken = {*tok->TokenToId("<|tool_call>")};
+  for (int32_t id : tok->Encode("call:f{x:", false)) broken.push_back(id);
+  broken.push_back(*tok->TokenToId("<tool_call|>"));
+  const nlohmann::json m = f->AssistantMessage(broken);
+  EXPECT_FALSE(m.contains("tool_calls")) << m.dump();
+  EXPECT_EQ(m["content"], "call:f{x:");
+  // The syntax itself: nesting, escaped keys, numbers as JSON reads them, and its errors.
+  StatusOr<nlohmann::json> p =
+      ParseToolCall("call:f{<|\"|>a b<|\"|>:[1,-2.5e3,{k:null}],c:<|\"|>x,y}<|\"|>}");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ((*p)["function"]["arguments"],
+            nlohmann::json::parse(R"({"a b": [1, -2500.0, {"k": null}], "c": "x,y}"})"));
+  for (const char* bad : {"f{}", "call:{}", "call:f", "call:f{a:1", "call:f{a:01x}",
+                          "call:f{a:<|\"|>open}", "call:f{a:1}}", "call:f{:1}"}) {
+    StatusOr<nlohmann::json> b = ParseToolCall(bad);
+    EXPECT_FALSE(b.ok()) << bad << " parsed as " << (b.ok() ? b->dump() : "");
+  }
+}
+
+TEST(ToolTurns, ResultsAndUserTurnsRenderAsTheTemplate) {
+  const ToolFixture fx = LoadToolFixture();
+  ASSERT_TRUE(fx.renderer);
+  const nlohmann::json& golden = fx.golden;
+  const Tokenizer* tok = fx.tok.get();
+  const ExampleRenderer* renderer = fx.renderer.get();
+  const std::string dir = test::TempDir("tool_turns");
+  ASSERT_FALSE(dir.empty());
+  // An environment that records what it is given and answers the lines of answers.txt in turn.
+  const std::string seen = dir + "/seen.jsonl", answers = dir + "/answers.txt";
+  const std::string command = "exec 3<" + answers +
+                              "; while IFS= read -r line; do printf '%s\\n' \"$line\" >> " + seen +
+                              "; IFS= read -r a <&3; printf '%s\\n' \"$a\"; done";
+  int k = 0;
+  for (const nlohmann::json& c : golden["cases"]) {
+    SCOPED_TRACE("case " + std::to_string(k++));
+    std::vector<ChatMessage> prompt;
+    for (const nlohmann::json& m : c["messages"]) prompt.push_back({m["role"], m["content"]});
+    std::vector<int32_t> prompt_ids;
+    ASSERT_TRUE(renderer->RenderPrompt(prompt, true, &prompt_ids).ok());
+    EXPECT_EQ(prompt_ids, Ids(c["prompt_ids"]));
+    // The results as the golden gives them, without their names (each takes its call's), and as
+    // JSON values where the golden's text is a value's compact JSON; then a user turn.
+    nlohmann::json results = c["results"], nameless = nlohmann::json::array();
+    for (nlohmann::json& r : results) {
+      r.erase("tool_call_id");
+      nlohmann::json n = r;
+      n.erase("name");
+      if (n["content"].is_string()) {
+        const nlohmann::json v =
+            nlohmann::json::parse(n["content"].get<std::string>(), nullptr, false);
+        if (v.is_object()) n["content"] = v;
+      }
+      nameless.push_back(n);
+    }
+    {
+      std::ofstream a(answers);
+      a << results.dump() << "\n"
+        << (nameless.size() == 1 ? nameless[0] : nameless).dump() << "\n"
+        << R"({"role": "user", "content": "Never mind, thanks."})"
+        << "\n";
+    }
+    std::filesystem::remove(seen);
+    StatusOr<std::unique_ptr<Environment>> env =
+        MakeCommandEnvironment(command, 30, *renderer, *tok);
+    ASSERT_TRUE(env.ok()) << env.status().message();
+    const std::vector<int32_t> call = Ids(c["call_ids"]);
+    const nlohmann::json row = {{"prompt", c["messages"]}, {"answer", c["answer"]}};
+    for (int round = 0; round < 3; ++round) {
+      nlohmann::json episode = nlohmann::json::array();
+      StatusOr<std::vector<std::optional<std::vector<int32_t>>>> next =
+          (*env)->Next({{call, row, 1, &episode}});
+      ASSERT_TRUE(next.ok()) << next.status().message();
+      ASSERT_EQ(next->size(), 1u);
+      ASSERT_TRUE((*next)[0].has_value());
+      EXPECT_EQ(*(*next)[0], Ids(round < 2 ? c["result_ids"] : c["user_ids"])) << round;
+      ASSERT_GE(episode.size(), 2u);
+      EXPECT_EQ(episode[0], c["parsed"]);
+      if (round < 2)
+        for (size_t i = 0; i < results.size(); ++i) {
+          EXPECT_EQ(episode[i + 1]["role"], "tool");
+          EXPECT_EQ(episode[i + 1]["name"], c["results"][i]["name"]);
+        }
+    }
+    // The program saw the row's columns, the parsed call and the turn number.
+    const std::vector<nlohmann::json> states = [&] {
+      std::vector<nlohmann::json> v;
+      std::ifstream s(seen);
+      for (std::string line; std::getline(s, line);) v.push_back(nlohmann::json::parse(line));
+      return v;
+    }();
+    ASSERT_EQ(states.size(), 3u);
+    EXPECT_EQ(states[0]["answer"], c["answer"]);
+    EXPECT_EQ(states[0]["turn"], 1);
+    EXPECT_EQ(states[0]["messages"], nlohmann::json::array({c["parsed"]}));
+    EXPECT_EQ(states[0]["completion"], "");
+    // The model's answer after the results closes its turn as the whole conversation renders.
+    std::vector<int32_t> whole = prompt_ids;
+    for (const auto* part : {"call_ids", "result_ids", "answer_ids"})
+      for (int32_t id : Ids(c[part])) whole.push_back(id);
+    std::vector<int32_t> answer = tok->Encode(c["answer"].get<std::string>(), false);
+    answer.push_back(*tok->TokenToId("<turn|>"));
+    EXPECT_EQ(std::vector<int32_t>(whole.end() - static_cast<int64_t>(answer.size()) - 1,
+                                   whole.end() - 1),
+              answer);
+  }
+  // Tool results to a turn that ended at <turn|> (no call): one line naming the program.
+  {
+    std::ofstream a(answers);
+    a << R"({"role": "tool", "name": "f", "content": "1"})"
+      << "\n";
+  }
+  StatusOr<std::unique_ptr<Environment>> env = MakeCommandEnvironment(command, 30, *renderer, *tok);
+  ASSERT_TRUE(env.ok());
+  std::vector<int32_t> plain = tok->Encode("Blue.", false);
+  plain.push_back(*tok->TokenToId("<turn|>"));
+  nlohmann::json episode = nlohmann::json::array();
+  auto next = (*env)->Next({{plain, nlohmann::json::object(), 1, &episode}});
+  ASSERT_FALSE(next.ok());
+  EXPECT_NE(next.status().message().find("environment command 'exec 3<"), std::string::npos);
+  EXPECT_NE(next.status().message().find("called no tool"), std::string::npos)
+      << next.status().message();
+  // Malformed tool results are refused as the line arrives.
+  for (const char* bad :
+       {R"([])", R"([{"role": "user", "content": "x"}])",
+        R"({"role": "tool", "name": 3, "content": "1"})", R"({"role": "tool", "name": "f"})",
+        R"({"role": "system", "content": "x"})"}) {
+    {
+      std::ofstream a(answers);
+      a << bad << "\n";
+    }
+    env = MakeCommandEnvironment(command, 30, *renderer, *tok);
+    ASSERT_TRUE(env.ok());
+    episode = nlohmann::json::array();
+    next = (*env)->Next(
+        {{Ids(golden["cases"][0]["call_ids"]), nlohmann::json::object(), 1, &episode}});
+    ASSERT_FALSE(next.ok()) << bad;
+    EXPECT_NE(next.status().message().find("answered line 1 (completion 0)"), std::string::npos)
+        << next.status().message();
+  }
+}
+
+TEST(ToolTurns, DeclarationsRenderAsTheTemplate) {
+  const ToolFixture fx = LoadToolFixture();
+  ASSERT_TRUE(fx.renderer);
+  const nlohmann::json& golden = fx.golden;
+  const Tokenizer* tok = fx.tok.get();
+  const ExampleRenderer* renderer = fx.renderer.get();
+  ASSERT_FALSE(golden["declarations"].empty());
+  for (const nlohmann::json& c : golden["declarations"]) {
+    std::vector<ChatMessage> messages;
+    for (const nlohmann::json& m : c["messages"]) messages.push_back({m["role"], m["content"]});
+    StatusOr<std::string> text = ToolDeclarations(c["tools"]);
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    std::vector<int32_t> ids;
+    ASSERT_TRUE(renderer->RenderConversation(messages, true, &ids, *text).ok());
+    EXPECT_EQ(ids, Ids(c["ids"])) << c["tools"].dump() << "\n" << tok->Decode(ids);
+    // Through the prompt set: the row's `tools` column (a list, or its JSON text as datasets
+    // keeps it), else the run's --tools.
+    for (int how = 0; how < 3; ++how) {
+      PromptSet set(4096);
+      InstructionRecord r;
+      r.conversational = true;
+      r.prompt_turns = messages;
+      r.columns = {{"prompt", c["messages"]}};
+      if (how == 0) r.columns["tools"] = c["tools"];
+      if (how == 1) r.columns["tools"] = c["tools"].dump();
+      if (how == 2) set.tools = c["tools"];
+      ASSERT_TRUE(set.Add(r, *tok, renderer).ok());
+      ASSERT_EQ(set.size(), 1);
+      const int32_t* p = set.prompts.ids.data() + set.prompts.offsets[0];
+      EXPECT_EQ(std::vector<int32_t>(p, p + set.prompts.length(0)), Ids(c["ids"])) << how;
+    }
+  }
+  // Errors: not a list, a tool without a name, tools on a text prompt.
+  EXPECT_FALSE(ToolDeclarations(nlohmann::json::object()).ok());
+  StatusOr<std::string> nameless =
+      ToolDeclarations(nlohmann::json::parse(R"([{"type": "function", "function": {}}])"));
+  ASSERT_FALSE(nameless.ok());
+  EXPECT_NE(nameless.status().message().find("tool 1 has no 'function' with a string 'name'"),
+            std::string::npos);
+  PromptSet set(4096);
+  InstructionRecord r;
+  r.prompt = "Hello";
+  r.columns = {{"prompt", "Hello"}, {"tools", golden["declarations"][0]["tools"]}};
+  const Status s = set.Add(r, *tok, renderer);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("a text prompt cannot declare tools"), std::string::npos);
+  r.columns["tools"] = "not json";
+  EXPECT_NE(set.Add(r, *tok, renderer).message().find("'tools' column"), std::string::npos);
+}
+
+// End to end: a tiny model fine-tuned to call a tool (the fixture tokenizer has Gemma 4's tool
+// tokens), prompts declaring the tool through --tools, an environment answering the call: the
+// episodes are assistant (tool_calls) / tool / assistant, the result named after the call.
+TEST(Grpo, EnvironmentAnswersToolCalls) {
+  const std::string dir = test::TempDir("grpo_tools");
+  ASSERT_FALSE(dir.empty());
+  {
+    std::ofstream sft(dir + "/sft.jsonl"), prompts(dir + "/prompts.jsonl");
+    for (int i = 0; i < 16; ++i) {
+      const std::string q = "What time is it in city " + std::to_string(i) + "?";
+      sft << nlohmann::json(
+                 {{"messages",
+                   {{{"role", "user"}, {"content", q}},
+                    {{"role", "assistant"},
+                     {"content", "<|tool_call>call:get_time{}<tool_call|><|tool_response>"}}}}})
+                 .dump()
+          << "\n";
+      if (i < 8)
+        prompts << nlohmann::json({{"prompt", {{{"role", "user"}, {"content", q}}}}}).dump()
+                << "\n";
+    }
+    std::ofstream(dir + "/tools.json")
+        << R"([{"type": "function", "function": {"name": "get_time", "description": "Tells the time."}}])";
+    // Results to a first turn that called a tool; every other turn ends the episode.
+    std::ofstream(dir + "/env.sh") << "while IFS= read -r line; do\n"
+                                      "  case \"$line\" in\n"
+                                      "    *'\"tool_calls\"'*'\"turn\":1}'*) echo '{\"role\": "
+                                      "\"tool\", \"content\": \"12:00\"}' ;;\n"
+                                      "    *) echo null ;;\n"
+                                      "  esac\n"
+                                      "done\n";
+  }
+  test::Ran r = test::RunCommand(
+      std::string(ST_BINARY) +
+      " finetune --data-dir " ST_SOURCE_DIR "/data --tokenizer " ST_FIXTURE_DIR
+      "/tool_turns --dataset " +
+      dir +
+      "/sft.jsonl --template gemma-chat --num-epochs 30 --lr 3e-3 --topology 1 --max-seq-len 64 "
+      "--no-dashboard --progress off --storage-path " +
+      dir + " --run-name sft");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string model = test::NewestCheckpoint(dir + "/sft");
+  ASSERT_FALSE(model.empty());
+  r = test::RunCommand(std::string(ST_BINARY) +
+                       " finetune --data-dir " ST_SOURCE_DIR "/data --model-id " + model +
+                       " --dataset " + dir +
+                       "/prompts.jsonl --objective grpo --reward overlong:40:20 "
+                       "--num-generations 2 --batch-size-per-device 4 --max-completion-length 40 "
+                       "--max-seq-len 128 --num-epochs 1 --topology 1 --lr 1e-5 "
+                       "--log-completions 8 --no-dashboard --progress off --storage-path " +
+                       dir + " --run-name grpo --tools " + dir +
+                       "/tools.json --environment-command 'sh " + dir + "/env.sh'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  int calls = 0;
+  for (const auto& s : test::MetricsRecords(dir + "/grpo", "step"))
+    for (const auto& c : s["completions"]) {
+      const nlohmann::json& turns = c["completion"];
+      ASSERT_TRUE(turns.is_array() && !turns.empty()) << c.dump();
+      if (!turns[0].contains("tool_calls")) continue;
+      ASSERT_EQ(turns.size(), 3u) << c.dump();
+      const std::string name = turns[0]["tool_calls"][0]["function"]["name"];
+      EXPECT_EQ(turns[1], nlohmann::json({{"role", "tool"}, {"name", name}, {"content", "12:00"}}));
+      EXPECT_EQ(turns[2]["role"], "assistant");
+      calls += name == "get_time";
+    }
+  EXPECT_GT(calls, 0) << "no completion called get_time";
 }
 
 }  // namespace

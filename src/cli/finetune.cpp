@@ -217,6 +217,7 @@ std::vector<std::string> WorkerCommand(const FinetuneArgs& a) {
                          s(o.max_turns)});
   if (!o.environment_command.empty())
     cmd.insert(cmd.end(), {"--environment-command", o.environment_command});
+  if (!o.tools_file.empty()) cmd.insert(cmd.end(), {"--tools", o.tools_file});
   if (o.mask_truncated_completions) cmd.push_back("--mask-truncated-completions");
   for (const std::string& r : o.rewards) cmd.insert(cmd.end(), {"--reward", r});
   for (const std::string& r : o.reward_commands) cmd.insert(cmd.end(), {"--reward-command", r});
@@ -753,8 +754,13 @@ void RegisterFinetuneCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   grpo->add_option("--environment-command", o.environment_command,
                    "Multi-turn episodes: a program (JSON lines, as a reward program) answering "
-                   "each finished model turn with the next user turn ({\"content\": ...}) or the "
-                   "end (null); the loss covers the model's turns only");
+                   "each finished model turn with the next user turn ({\"content\": ...}), the "
+                   "results of the tools it called ({\"role\": \"tool\", ...}) or the end "
+                   "(null); the loss covers the model's turns only");
+  grpo->add_option("--tools", o.tools_file,
+                   "A JSON file listing the tools the prompts declare (OpenAI-style function "
+                   "schemas, rendered in the system turn as Gemma 4's template does) for rows "
+                   "without a 'tools' column");
   grpo->add_option("--max-turns", o.max_turns,
                    "The most model turns of an episode with --environment-command")
       ->capture_default_str();

@@ -184,7 +184,8 @@ Status ExampleRenderer::RenderTurn(const ChatMessage& m, bool all, bool trained,
   return Status::Ok();
 }
 
-Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* out) const {
+Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* out,
+                                   std::string_view tools) const {
   std::vector<ChatMessage> pair;
   const std::vector<ChatMessage>* messages = &r.messages;
   if (r.messages.empty()) {
@@ -198,6 +199,9 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
   out->ids.push_back(bos_);
   out->trained.push_back(all ? 1 : 0);
   int64_t next_image = 0;
+  const bool system = !messages->empty() && messages->front().role == "system";
+  if (!tools.empty() && !system)  // the declarations' own system turn
+    ST_RETURN_IF_ERROR(RenderTurn({"system", ""}, all, false, {}, &next_image, out));
   for (size_t i = 0; i < messages->size(); ++i) {
     const ChatMessage& m = (*messages)[i];
     if (m.role == "system" && i != 0)
@@ -207,23 +211,34 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
                  "(move it first, or use --template instruction)"));
     ST_RETURN_IF_ERROR(RenderTurn(m, all, m.role == "assistant", r.images, &next_image, out));
   }
+  if (!tools.empty()) {
+    // Before the system turn's `<turn|>\n`: the declarations, their control tokens split out as
+    // the tokenizer does for the template's whole string.
+    const size_t newline = tok_->Encode("\n", false).size();
+    size_t at = 1;  // after <bos>
+    while (out->ids[at] != turn_close_) ++at;
+    ST_CHECK(out->ids.size() > at + newline) << "a system turn";
+    const std::vector<int32_t> ids = tok_->Encode(tools, false);
+    out->ids.insert(out->ids.begin() + static_cast<int64_t>(at), ids.begin(), ids.end());
+    out->trained.insert(out->trained.begin() + static_cast<int64_t>(at), ids.size(), all ? 1 : 0);
+  }
   return Status::Ok();
 }
 
 Status ExampleRenderer::RenderConversation(const std::vector<ChatMessage>& messages,
-                                           bool add_generation_prompt,
-                                           std::vector<int32_t>* out) const {
+                                           bool add_generation_prompt, std::vector<int32_t>* out,
+                                           std::string_view tools) const {
   if (kind_ != TemplateKind::kGemmaChat)
     return InvalidArgument(
         "conversations need a chat template: the tokenizer has no <|turn> and <turn|> tokens "
         "(or --template is not gemma-chat)");
-  if (messages.empty()) {  // apply_chat_template of [] is the bos alone
+  if (messages.empty() && tools.empty()) {  // apply_chat_template of [] is the bos alone
     out->assign(1, bos_);
   } else {
     InstructionRecord r;
     r.messages = messages;
     RenderedExample ex;
-    ST_RETURN_IF_ERROR(RenderChat(r, &ex));
+    ST_RETURN_IF_ERROR(RenderChat(r, &ex, tools));
     *out = std::move(ex.ids);
   }
   if (add_generation_prompt) {

@@ -97,8 +97,11 @@ class ExampleRenderer {
   // gemma-chat only: the tokens of a whole conversation (any turns) as apply_chat_template
   // renders it, plus the generation prompt `<|turn>model\n` when asked; what TRL tokenizes a
   // conversational preference pair with.
+  // tools: the declarations of data/tool_calls.h's ToolDeclarations ("" = none), written at the
+  // end of the system turn (a system turn of their own when the conversation has none), as the
+  // template does with apply_chat_template(tools=...).
   Status RenderConversation(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                            std::vector<int32_t>* out) const;
+                            std::vector<int32_t>* out, std::string_view tools = {}) const;
   // The id of `<turn|>` with gemma-chat (where a model turn ends), else -1.
   int32_t turn_close() const { return kind_ == TemplateKind::kGemmaChat ? turn_close_ : -1; }
   // Image parts render as `tokens` says (gemma-chat only); without it a record with images is
@@ -110,7 +113,8 @@ class ExampleRenderer {
 
  private:
   ExampleRenderer() = default;
-  Status RenderChat(const InstructionRecord& r, RenderedExample* out) const;
+  Status RenderChat(const InstructionRecord& r, RenderedExample* out,
+                    std::string_view tools = {}) const;
   void RenderText(const InstructionRecord& r, RenderedExample* out) const;
   // Appends a turn's header and content (text, or text and image blocks taking images from
   // `images` at *next_image on) to out; content tokens are targets when `trained`, the header's

@@ -22,12 +22,16 @@ struct PromptSet {
   std::vector<nlohmann::json> rows;  // per prompt: its row (the prompt and every other column)
   std::vector<int64_t> lines;        // per prompt: its record's line (or row)
   int64_t dropped = 0;               // prompts longer than max_len (left out, counted)
+  // The tools a conversational prompt declares when its row has no `tools` column (a list of
+  // function schemas, data/tool_calls.h; null: none).
+  nlohmann::json tools;
 
   explicit PromptSet(int64_t max_seq_len = 0) : max_len(max_seq_len) { prompts.T = max_seq_len; }
   int64_t size() const { return prompts.size(); }
   bool conversational(int64_t i) const { return rows[static_cast<size_t>(i)]["prompt"].is_array(); }
-  // Tokenizes r's prompt (chat: the renderer of a chat template, needed for conversations) and
-  // adds it, or counts it as dropped when it is longer than max_len.
+  // Tokenizes r's prompt (chat: the renderer of a chat template, needed for conversations; with
+  // the tools of its `tools` column, a list or its JSON text, else `tools`) and adds it, or counts
+  // it as dropped when it is longer than max_len.
   Status Add(const InstructionRecord& r, const Tokenizer& tok, const ExampleRenderer* chat);
 };
 

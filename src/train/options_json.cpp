@@ -72,6 +72,7 @@ nlohmann::json FinetuneOptionsJson(const FinetuneOptions& o) {
           {"log_completions", o.log_completions},
           {"environment_command", o.environment_command},
           {"max_turns", o.max_turns},
+          {"tools", o.tools_file},
           {"label_smoothing", o.label_smoothing},
           {"precompute_ref_log_probs", o.precompute_ref_log_probs},
           {"freeze", o.freeze},

@@ -91,6 +91,14 @@ StatusOr<InstructionData> LoadInstructionData(const RunTokenizer& tokenizer, Dat
   if (text.images.count) renderer.SetImageTokens(text.images);
   if (text.prompts) {
     data.prompts = PromptSet(max_seq_len);
+    if (!text.tools_file.empty()) {
+      ST_ASSIGN_OR_RETURN(const std::string t, ReadTextFile(text.tools_file));
+      data.prompts.tools = nlohmann::json::parse(t, nullptr, false);
+      if (data.prompts.tools.is_discarded() || !data.prompts.tools.is_array())
+        return InvalidArgument(StrCat("--tools ", text.tools_file,
+                                      " is not a JSON list of tool schemas ([{\"type\": "
+                                      "\"function\", \"function\": {\"name\": ...}}, ...])"));
+    }
     const bool chat = renderer.kind() == TemplateKind::kGemmaChat;
     ST_RETURN_IF_ERROR(ds.ForEach(
         [&](const InstructionRecord& r) {
@@ -146,6 +154,7 @@ TextOptions TextOf(const FinetuneOptions& o) {
   t.split_long = o.packing == "split";
   t.preference = o.objective == "dpo" || o.objective == "orpo";
   t.prompts = o.objective == "grpo";
+  t.tools_file = o.tools_file;
   return t;
 }
 
@@ -238,9 +247,11 @@ Status ValidateFinetuneOptions(const FinetuneOptions& o) {
     ST_RETURN_IF_ERROR(so.Validate());
   } else {
     ST_RETURN_IF_ERROR(ValidateObjectiveOptions(ObjectiveOf(o)));
-    if (!o.rewards.empty() || !o.reward_commands.empty() || !o.environment_command.empty())
+    if (!o.rewards.empty() || !o.reward_commands.empty() || !o.environment_command.empty() ||
+        !o.tools_file.empty())
       return InvalidArgument(
-          "--reward, --reward-command and --environment-command are for --objective grpo");
+          "--reward, --reward-command, --environment-command and --tools are for --objective "
+          "grpo");
   }
   if (o.precompute_ref_log_probs && o.objective != "dpo")
     return InvalidArgument("--precompute-ref-log-probs is DPO's (ORPO and SFT have no reference)");
@@ -720,12 +731,15 @@ Status Trainer::CreateGrpo() {
   }
   g->log_completions = o_.log_completions;
   if (!o_.environment_command.empty()) {
-    ST_ASSIGN_OR_RETURN(g->environment,
-                        MakeCommandEnvironment(o_.environment_command, o_.reward_timeout));
     ST_ASSIGN_OR_RETURN(ExampleRenderer r,
                         ExampleRenderer::Create(in_.data.tokenizer, in_.data.kind, TrainOn::kAll));
     g->renderer = std::make_unique<ExampleRenderer>(std::move(r));
+    ST_ASSIGN_OR_RETURN(g->environment,
+                        MakeCommandEnvironment(o_.environment_command, o_.reward_timeout,
+                                               *g->renderer, in_.data.tokenizer));
     g->rollout.max_turns = o_.max_turns;
+    // A model turn that calls tools stops at <|tool_response> for the environment's results.
+    if (const int32_t id = g->environment->tool_stop(); id >= 0) g->rollout.stops.push_back(id);
   }
   grpo_ = std::move(g);
   return Status::Ok();

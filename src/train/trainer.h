@@ -147,6 +147,9 @@ struct FinetuneOptions {
   // the next user turn or the end of the episode; at most max_turns model turns per episode.
   std::string environment_command;
   int64_t max_turns = 4;
+  // The tools the prompts declare (a JSON file: a list of function schemas, data/tool_calls.h),
+  // for rows without a `tools` column of their own.
+  std::string tools_file;
   // Completions (prompt, text, rewards, advantage) of rank 0 printed and recorded in
   // metrics.jsonl at each round's first step (TRL's log_completions; 0 = none).
   int64_t log_completions = 0;
@@ -185,8 +188,10 @@ struct TextOptions {
   bool split_long = false;
   // Preference pairs (--objective dpo | orpo) into InstructionData::pairs instead of examples.
   bool preference = false;
-  // Prompt-only records (--objective grpo) into InstructionData::prompts.
+  // Prompt-only records (--objective grpo) into InstructionData::prompts; tools_file: the tools
+  // they declare when a row has no `tools` column ("" = none).
   bool prompts = false;
+  std::string tools_file;
   // A vision model's image parts (vision::ImageEncoder::Tokens); unset: records with images are
   // refused.
   ImageTokens images;

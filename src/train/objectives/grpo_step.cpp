@@ -140,47 +140,27 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
                           run.precision, in_flight);
     RolloutOptions ro = run.rollout;
     ro.sampling.seed = RoundSeed(run.rollout.sampling.seed, state.global_step, p.pg.rank());
-    // Multi-turn: the episode's turns after the prompt, per completion, as messages.
+    // Multi-turn: the episode's messages after the prompt, per completion.
     std::vector<nlohmann::json> episode(prompts.size() * static_cast<size_t>(G),
                                         nlohmann::json::array());
     std::vector<int64_t> recorded(episode.size(), 0);  // model turns in episode[i]
-    auto model_turn = [&](const Completion& c) {       // the text of its last model turn
+    auto model_turn = [&](const Completion& c) {       // the tokens of its last model turn
       size_t begin = c.ids.size();
       while (begin > 0 && c.sampled[begin - 1]) --begin;
-      const std::vector<int32_t> ids(c.ids.begin() + static_cast<int64_t>(begin), c.ids.end());
-      return run.tokenizer->Decode(ids, true);
+      return std::span<const int32_t>(c.ids).subspan(begin);
     };
     NextTurnFn next_turn;
     if (run.environment)
-      next_turn = [&](const std::vector<size_t>& ended, const std::vector<Completion>& all)
-          -> StatusOr<std::vector<std::optional<std::vector<int32_t>>>> {
-        std::vector<nlohmann::json> states;
+      next_turn = [&](const std::vector<size_t>& ended, const std::vector<Completion>& all) {
+        std::vector<Environment::EndedTurn> turns;
         for (size_t i : ended) {
           const Completion& c = all[i];
           const int64_t e = prompt_ids[static_cast<size_t>(c.prompt)];
-          episode[i].push_back({{"role", "assistant"}, {"content", model_turn(c)}});
+          turns.push_back(
+              {model_turn(c), run.prompts->rows[static_cast<size_t>(e)], c.turns, &episode[i]});
           ++recorded[i];
-          nlohmann::json s = run.prompts->rows[static_cast<size_t>(e)];
-          s["messages"] = episode[i];
-          s["completion"] = episode[i].back()["content"];
-          s["turn"] = c.turns;
-          states.push_back(std::move(s));
         }
-        ST_ASSIGN_OR_RETURN(const std::vector<std::optional<std::string>> turns,
-                            run.environment->Next(states));
-        std::vector<std::optional<std::vector<int32_t>>> out;
-        for (size_t k = 0; k < ended.size(); ++k) {
-          if (!turns[k]) {
-            out.emplace_back();
-            continue;
-          }
-          episode[ended[k]].push_back({{"role", "user"}, {"content", *turns[k]}});
-          std::vector<int32_t> ids;
-          ST_RETURN_IF_ERROR(run.renderer->RenderPrompt({ChatMessage{"user", *turns[k]}},
-                                                        /*start=*/false, &ids));
-          out.push_back(std::move(ids));
-        }
-        return out;
+        return run.environment->Next(turns);
       };
     const auto g0 = Clock::now();
     ST_ASSIGN_OR_RETURN(std::vector<Completion> done,
@@ -197,11 +177,11 @@ StatusOr<StepResult> GrpoTrainStep(const StepParts& p, GrpoRun& run,
       if (run.environment) {  // an episode: every turn after the prompt, as messages
         nlohmann::json turns = episode[i];
         if (c.turns > recorded[i])  // the last model turn, not shown to the environment
-          turns.push_back({{"role", "assistant"}, {"content", model_turn(c)}});
+          turns.push_back(run.environment->AssistantMessage(model_turn(c)));
         in["completion"] = std::move(turns);
       } else if (run.prompts->conversational(e)) {
-        in["completion"] =
-            nlohmann::json::array({{{"role", "assistant"}, {"content", model_turn(c)}}});
+        in["completion"] = nlohmann::json::array(
+            {{{"role", "assistant"}, {"content", run.tokenizer->Decode(model_turn(c), true)}}});
       } else {
         in["completion"] = run.tokenizer->Decode(c.ids, true);
       }

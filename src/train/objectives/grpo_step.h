@@ -46,10 +46,10 @@ struct GrpoRun {
   bool reference_is_base = false;
   bool reference_in_fsdp = false;
   int64_t log_completions = 0;  // completions of rank 0 recorded per step (0: none)
-  // Multi-turn (--environment-command): the program, and the renderer of its turns (a user turn
-  // after the model's, as the chat template continues a conversation); null: one turn.
-  std::unique_ptr<Environment> environment;
+  // Multi-turn (--environment-command): the renderer of the environment's user turns (as the
+  // chat template continues a conversation) and the program; null: one turn.
   std::unique_ptr<ExampleRenderer> renderer;
+  std::unique_ptr<Environment> environment;
 
   // The current round: this rank's completions as training rows, per micro-batch.
   struct Micro {
