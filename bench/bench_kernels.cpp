@@ -9,6 +9,7 @@
 #include "bench_util.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/quant.h"
@@ -237,4 +238,13 @@ BENCHMARK(BM_DecodeProduct)
 }  // namespace
 }  // namespace st
 
-BENCHMARK_MAIN();
+// As slicetrain does: OpenBLAS's kernels for this CPU (its own choice may be a fallback).
+int main(int argc, char** argv) {
+  st::cpu::ReexecWithBlasCore(argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("openblas_core", st::cpu::BlasCoreName());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

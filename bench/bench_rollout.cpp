@@ -37,6 +37,7 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cpu::ReexecWithBlasCore(argv);  // as slicetrain does: the fp32 prompt products' kernels
   Config c;
   CLI::App app{"GRPO sampling: batched against one at a time"};
   app.add_option("--model", c.model, "A model directory or preset")->capture_default_str();
@@ -74,10 +75,12 @@ int main(int argc, char** argv) {
   o.sampling.temperature = 1.0;
   o.sampling.seed = 7;
   const double flops = DecodeFlopsPerToken(m->config, m->registry, c.prompt_len + c.new_tokens / 2);
-  std::printf("# %s, %lld prompts of %lld tokens, %lld new tokens each, %s, %d threads, CPU %s\n",
-              c.model.c_str(), (long long)c.prompts, (long long)c.prompt_len,
-              (long long)c.new_tokens, c.precision.c_str(), cpu::NumThreads(),
-              cpu::DetectCpu().model.c_str());
+  std::printf(
+      "# %s, %lld prompts of %lld tokens, %lld new tokens each, %s, %d threads, CPU %s, "
+      "OpenBLAS %s\n",
+      c.model.c_str(), (long long)c.prompts, (long long)c.prompt_len, (long long)c.new_tokens,
+      c.precision.c_str(), cpu::NumThreads(), cpu::DetectCpu().model.c_str(),
+      cpu::BlasCoreName().c_str());
   double tps[2] = {0, 0};
   for (int k = c.batched_only ? 1 : 0; k < 2; ++k) {
     const int64_t in_flight = k == 0 ? 1 : c.batch;

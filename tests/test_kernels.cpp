@@ -843,8 +843,8 @@ TEST(FiniteDifference, Embedding) {
 // with a masked tail when `in` is not a multiple of 32) from one row up, against the dot products
 // of the bf16 values (a product of two bf16 values is exact in fp32).
 TEST(Kernels, FewRowProductEqualsTheDotProducts) {
-  for (const int64_t in : {48, 37, 512}) {
-    const int64_t out = 23;
+  for (const int64_t in : {48, 37, 512, 1040}) {  // 1040: chunks of 512 and a partial one
+    const int64_t out = in > 512 ? 41 : 23;       // 41 x 1040: threaded (an odd count too)
     const std::vector<float> w = RandomVec(out * in, 3);
     std::vector<uint16_t> w16(w.size());
     std::vector<float> w_rounded(w.size());
