@@ -128,6 +128,10 @@ DType DecodeWeights::DefaultStorage(const ParamRegistry& reg, const WeightSource
   return source.dtype() == DType::kBF16 && !reg.HasAdapters() ? DType::kBF16 : DType::kF32;
 }
 
+namespace {
+constexpr int64_t kFillChunk = int64_t{1} << 20;  // bf16 storage: values converted at a time
+}  // namespace
+
 DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& source, DType storage)
     : storage_(storage) {
   ST_CHECK(storage == DType::kF32 || storage == DType::kBF16)
@@ -136,20 +140,20 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
   auto half = [&](int e) {
     return storage == DType::kBF16 && reg.layout.entry(e).shape.size() == 2;
   };
-  std::vector<int64_t> offset(entries, -1);
-  // A bf16 matrix goes through fp32 in chunks of kChunk elements, or whole when an adapter is
+  offset_.assign(entries, -1);
+  // A bf16 matrix goes through fp32 in chunks of kFillChunk elements, or whole when an adapter is
   // merged into it (the merge needs the tensor): the fp32 scratch is the larger of the two.
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  int64_t total = 0, halves = 0, scratch = kChunk;
+  int64_t total = 0, halves = 0;
+  scratch_ = kFillChunk;
   for (int e = 0; e < reg.base_entries; ++e) {
     if (IsRowsOnly(reg, e)) continue;
     const int64_t numel = reg.layout.entry(e).numel;
-    if (half(e) && reg.lora_a[static_cast<size_t>(e)] >= 0) scratch = std::max(scratch, numel);
+    if (half(e) && reg.lora_a[static_cast<size_t>(e)] >= 0) scratch_ = std::max(scratch_, numel);
     if (half(e)) {
-      offset[static_cast<size_t>(e)] = halves;
+      offset_[static_cast<size_t>(e)] = halves;
       halves += numel;
     } else {
-      offset[static_cast<size_t>(e)] = total;
+      offset_[static_cast<size_t>(e)] = total;
       total += (numel + 15) / 16 * 16;  // 16-float alignment, as the arenas have
     }
   }
@@ -158,21 +162,33 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
   f32_.assign(entries, nullptr);
   bf16_.assign(entries, nullptr);
   rows_.assign(entries, nullptr);
-  std::vector<float> tmp(storage == DType::kBF16 ? static_cast<size_t>(scratch) : 0);
+  Fill(reg, source);
+}
+
+void DecodeWeights::Refill(const ParamRegistry& reg, const WeightSource& source) {
+  ST_CHECK(!quantized() && offset_.size() == static_cast<size_t>(reg.layout.size()))
+      << "Refill of the registry the weights were made for, in fp32 or bf16";
+  Fill(reg, source);
+}
+
+void DecodeWeights::Fill(const ParamRegistry& reg, const WeightSource& source) {
+  const bool bf16 = storage_ == DType::kBF16;
+  std::vector<float> tmp(bf16 ? static_cast<size_t>(scratch_) : 0);
   auto to_bf16 = [](const float* src, uint16_t* h, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (int64_t j = 0; j < n; ++j) h[j] = FloatToBF16(src[j]);
   };
   for (int e = 0; e < reg.base_entries; ++e) {
     const size_t i = static_cast<size_t>(e);
-    if (offset[i] < 0) {
+    if (offset_[i] < 0) {
       rows_[i] = &source;
       continue;
     }
     const int64_t n = reg.layout.entry(e).numel;
     const bool merge = reg.lora_a[i] >= 0;
-    if (!half(e)) {
-      float* dst = buffer_.data() + offset[i];
+    const bool half = bf16 && reg.layout.entry(e).shape.size() == 2;
+    if (!half) {
+      float* dst = buffer_.data() + offset_[i];
       if (merge)
         MergeLora(reg, source, e, dst);
       else
@@ -180,15 +196,15 @@ DecodeWeights::DecodeWeights(const ParamRegistry& reg, const WeightSource& sourc
       f32_[i] = dst;
     } else if (merge) {
       MergeLora(reg, source, e, tmp.data());
-      to_bf16(tmp.data(), half_.data() + offset[i], n);
-      bf16_[i] = half_.data() + offset[i];
+      to_bf16(tmp.data(), half_.data() + offset_[i], n);
+      bf16_[i] = half_.data() + offset_[i];
     } else {
-      for (int64_t j = 0; j < n; j += kChunk) {
-        const int64_t c = std::min(kChunk, n - j);
+      for (int64_t j = 0; j < n; j += kFillChunk) {
+        const int64_t c = std::min(kFillChunk, n - j);
         source.Read(e, j, c, tmp.data());
-        to_bf16(tmp.data(), half_.data() + offset[i] + j, c);
+        to_bf16(tmp.data(), half_.data() + offset_[i] + j, c);
       }
-      bf16_[i] = half_.data() + offset[i];
+      bf16_[i] = half_.data() + offset_[i];
     }
     source.Release(e);
   }

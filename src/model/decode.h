@@ -60,6 +60,10 @@ class DecodeWeights {
   // reg: the model's registry (adapters included, if any); source: its weights.
   DecodeWeights(const ParamRegistry& reg, const WeightSource& source, DType storage = DType::kF32);
   DecodeWeights(const ParamRegistry& reg, const WeightSource& source, const BlockStorage& blocks);
+  // The same registry's weights again, from `source` (fp32 or bf16 storage), into the memory
+  // this already holds: GRPO refills one DecodeWeights a round instead of allocating (and
+  // faulting in) a fresh copy of the model.
+  void Refill(const ParamRegistry& reg, const WeightSource& source);
   // The storage `generate` picks: bf16 when the source stores bf16 and no adapter is merged (its
   // small update would be rounded away), else fp32.
   static DType DefaultStorage(const ParamRegistry& reg, const WeightSource& source);
@@ -83,7 +87,11 @@ class DecodeWeights {
   static double Bytes(const ParamRegistry& reg, const BlockStorage& blocks);
 
  private:
+  void Fill(const ParamRegistry& reg, const WeightSource& source);
+
   DType storage_;
+  std::vector<int64_t> offset_;  // per entry: where it lies in buffer_ or half_ (-1: rows only)
+  int64_t scratch_ = 0;          // fp32 values converted to bf16 at a time
   AlignedBuffer buffer_;
   std::vector<uint16_t> half_;
   std::vector<const float*> f32_;

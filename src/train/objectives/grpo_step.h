@@ -51,6 +51,11 @@ struct GrpoRun {
   std::unique_ptr<ExampleRenderer> renderer;
   std::unique_ptr<Environment> environment;
 
+  // The sampler's copy of the policy, refilled each round: the gathered trainable tensors and the
+  // decoder's weights (their memory kept from round to round).
+  std::vector<std::vector<float>> gathered;
+  std::unique_ptr<DecodeWeights> decode_weights;
+
   // The current round: this rank's completions as training rows, per micro-batch.
   struct Micro {
     TokenBatch batch;
