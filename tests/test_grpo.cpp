@@ -646,6 +646,12 @@ std::vector<int32_t> Ids(const nlohmann::json& j) {
   return j.get<std::vector<int32_t>>();
 }
 
+std::vector<ChatMessage> Turns(const nlohmann::json& messages) {
+  std::vector<ChatMessage> out;
+  for (const nlohmann::json& m : messages) out.push_back({m["role"], m["content"]});
+  return out;
+}
+
 // The golden file, its tokenizer and the gemma-chat renderer over it.
 struct ToolFixture {
   nlohmann::json golden;
@@ -720,8 +726,7 @@ TEST(ToolTurns, ResultsAndUserTurnsRenderAsTheTemplate) {
   int k = 0;
   for (const nlohmann::json& c : golden["cases"]) {
     SCOPED_TRACE("case " + std::to_string(k++));
-    std::vector<ChatMessage> prompt;
-    for (const nlohmann::json& m : c["messages"]) prompt.push_back({m["role"], m["content"]});
+    const std::vector<ChatMessage> prompt = Turns(c["messages"]);
     std::vector<int32_t> prompt_ids;
     ASSERT_TRUE(renderer->RenderPrompt(prompt, true, &prompt_ids).ok());
     EXPECT_EQ(prompt_ids, Ids(c["prompt_ids"]));
@@ -834,8 +839,7 @@ TEST(ToolTurns, DeclarationsRenderAsTheTemplate) {
   const ExampleRenderer* renderer = fx.renderer.get();
   ASSERT_FALSE(golden["declarations"].empty());
   for (const nlohmann::json& c : golden["declarations"]) {
-    std::vector<ChatMessage> messages;
-    for (const nlohmann::json& m : c["messages"]) messages.push_back({m["role"], m["content"]});
+    const std::vector<ChatMessage> messages = Turns(c["messages"]);
     StatusOr<std::string> text = ToolDeclarations(c["tools"]);
     ASSERT_TRUE(text.ok()) << text.status().message();
     std::vector<int32_t> ids;

@@ -214,10 +214,9 @@ Status ExampleRenderer::RenderChat(const InstructionRecord& r, RenderedExample* 
   if (!tools.empty()) {
     // Before the system turn's `<turn|>\n`: the declarations, their control tokens split out as
     // the tokenizer does for the template's whole string.
-    const size_t newline = tok_->Encode("\n", false).size();
-    size_t at = 1;  // after <bos>
-    while (out->ids[at] != turn_close_) ++at;
-    ST_CHECK(out->ids.size() > at + newline) << "a system turn";
+    size_t at = 1;  // after <bos>: the system turn's <turn|>
+    while (at < out->ids.size() && out->ids[at] != turn_close_) ++at;
+    ST_CHECK(at < out->ids.size()) << "a system turn";
     const std::vector<int32_t> ids = tok_->Encode(tools, false);
     out->ids.insert(out->ids.begin() + static_cast<int64_t>(at), ids.begin(), ids.end());
     out->trained.insert(out->trained.begin() + static_cast<int64_t>(at), ids.size(), all ? 1 : 0);
